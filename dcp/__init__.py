@@ -1,0 +1,1 @@
+"""DCP change-streaming server and client."""

@@ -1,0 +1,1 @@
+"""The Python consumer SDK."""

@@ -1,0 +1,1 @@
+"""The DCP producer: engine (vbuckets, checkpoints, failover logs, LMDB) and the trio server."""

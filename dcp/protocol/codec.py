@@ -1,0 +1,497 @@
+"""Builders and parsers for every frame we speak, on precompiled ``struct``.
+
+Rules of this module:
+- This is the code that runs; ``spec.py`` (construct) is the reference. A property test
+  proves the two produce and accept identical bytes.
+- Builders return ``bytes`` ready to send; they validate what the caller gives them and
+  raise ``LocalProtocolError``. Parsers take a ``Frame`` from the network and raise
+  ``RemoteProtocolError`` on a wrong extras length or value size: they never trust it.
+- The per-item hot path (mutation, deletion, expiration, snapshot marker, buffer ack)
+  is written with module-level ``struct.Struct`` objects and plain tuples, no objects.
+  ``mutation_body`` lets the server encode an item's extras + key + value once, so each
+  stream only packs the 24-byte header (``dcp_header``).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+from .errors import LocalProtocolError, RemoteProtocolError
+from .frames import HEADER, Frame, encode_frame, encode_frame_infos, parse_frame_infos
+from .opcodes import (
+    SEQNO_MAX,
+    DurabilityLevel,
+    FrameInfoId,
+    Magic,
+    Opcode,
+    Status,
+)
+
+__all__ = [
+    "DELETION_V1_EXTRAS",
+    "DELETION_V2_EXTRAS",
+    "EXPIRATION_EXTRAS",
+    "HDR_MUTATION",
+    "MARKER_V1",
+    "MARKER_V2_0",
+    "MUTATION_EXTRAS",
+    "STREAM_REQ_EXTRAS",
+    "StreamRequest",
+    "all_vb_seqnos_value",
+    "buffer_ack",
+    "dcp_control",
+    "dcp_header",
+    "dcp_open",
+    "deletion",
+    "deletion_body",
+    "durability_frame_info",
+    "expiration",
+    "expiration_body",
+    "failover_log_value",
+    "hello",
+    "json_value",
+    "mutation",
+    "mutation_body",
+    "mutation_seqno_extras",
+    "parse_all_vb_seqnos",
+    "parse_buffer_ack",
+    "parse_deletion",
+    "parse_durability",
+    "parse_expiration",
+    "parse_failover_log",
+    "parse_hello_features",
+    "parse_mutation",
+    "parse_mutation_seqno",
+    "parse_open",
+    "parse_seqno_advanced",
+    "parse_snapshot_marker",
+    "parse_store_extras",
+    "parse_stream_end",
+    "parse_stream_id",
+    "parse_stream_request",
+    "request",
+    "response",
+    "seqno_advanced",
+    "snapshot_marker",
+    "store_extras",
+    "stream_end",
+    "stream_id_frame_info",
+    "stream_request",
+    "vbucket_for_key",
+]
+
+U8 = struct.Struct(">B")
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+OPEN_EXTRAS = struct.Struct(">II")  # seqno (reserved), flags
+STREAM_REQ_EXTRAS = struct.Struct(">IIQQQQQ")  # flags, reserved, start, end, uuid, ss, se
+FAILOVER_ENTRY = struct.Struct(">QQ")  # vb_uuid, seqno
+MARKER_V1 = struct.Struct(">QQI")  # start, end, flags
+MARKER_V2_0 = struct.Struct(">QQIQQ")  # start, end, flags, max visible, high completed
+MUTATION_EXTRAS = struct.Struct(">QQIIIHB")  # by, rev, flags, exp, lock, nmeta, nru
+DELETION_V1_EXTRAS = struct.Struct(">QQH")  # by, rev, nmeta
+DELETION_V2_EXTRAS = struct.Struct(">QQIB")  # by, rev, delete_time, unused
+EXPIRATION_EXTRAS = struct.Struct(">QQI")  # by, rev, delete_time
+STORE_EXTRAS = struct.Struct(">II")  # flags, expiry
+MUTATION_SEQNO = struct.Struct(">QQ")  # vb_uuid, seqno
+VB_SEQNO = struct.Struct(">HQ")
+
+# One struct for header + mutation extras: the hot path packs both in one call.
+HDR_MUTATION = struct.Struct(">BBHBBHIIQQQIIIHB")
+_hdr_pack = HEADER.pack
+_mut_pack = MUTATION_EXTRAS.pack
+
+
+# --------------------------------------------------------------------------- generic
+
+
+def request(
+    opcode: int,
+    *,
+    vbucket: int = 0,
+    opaque: int = 0,
+    cas: int = 0,
+    datatype: int = 0,
+    extras: bytes = b"",
+    key: bytes = b"",
+    value: bytes = b"",
+    framing_extras: bytes = b"",
+) -> bytes:
+    """A client (or DCP producer) request; alt magic 0x08 when framing extras are given."""
+    magic = Magic.ALT_REQUEST if framing_extras else Magic.REQUEST
+    return encode_frame(
+        magic,
+        opcode,
+        vbucket=vbucket,
+        opaque=opaque,
+        cas=cas,
+        datatype=datatype,
+        framing_extras=framing_extras,
+        extras=extras,
+        key=key,
+        value=value,
+    )
+
+
+def response(
+    opcode: int,
+    status: int = Status.SUCCESS,
+    *,
+    opaque: int = 0,
+    cas: int = 0,
+    datatype: int = 0,
+    extras: bytes = b"",
+    key: bytes = b"",
+    value: bytes = b"",
+) -> bytes:
+    return encode_frame(
+        Magic.RESPONSE,
+        opcode,
+        vbucket=status,
+        opaque=opaque,
+        cas=cas,
+        datatype=datatype,
+        extras=extras,
+        key=key,
+        value=value,
+    )
+
+
+def _need_extras(frame: Frame, size: int | tuple[int, ...], what: str) -> None:
+    n = len(frame.extras)
+    if (n != size) if isinstance(size, int) else (n not in size):
+        raise RemoteProtocolError(f"{what}: extras length {n}, expected {size}")
+
+
+# --------------------------------------------------------------------------- hot path
+
+
+def dcp_header(
+    opcode: int, keylen: int, extlen: int, datatype: int, vbucket: int, bodylen: int,
+    opaque: int, cas: int,
+) -> bytes:
+    """The 24-byte request header of a producer message (magic 0x80)."""
+    return _hdr_pack(0x80, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas)
+
+
+def mutation_body(
+    by_seqno: int, rev_seqno: int, flags: int, expiry: int, key: bytes, value: bytes,
+    lock_time: int = 0,
+) -> bytes:
+    """Extras (31 B) + key + value of a DCP_MUTATION: encode once, send to many streams."""
+    return _mut_pack(by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0) + key + value
+
+
+def deletion_body(
+    by_seqno: int, rev_seqno: int, key: bytes, value: bytes = b"", delete_time: int | None = None
+) -> bytes:
+    """Extras + key + value of a DCP_DELETION: V1 (18 B) or, with a delete time, V2 (21 B)."""
+    if delete_time is None:
+        return DELETION_V1_EXTRAS.pack(by_seqno, rev_seqno, 0) + key + value
+    return DELETION_V2_EXTRAS.pack(by_seqno, rev_seqno, delete_time, 0) + key + value
+
+
+def expiration_body(by_seqno: int, rev_seqno: int, delete_time: int, key: bytes) -> bytes:
+    return EXPIRATION_EXTRAS.pack(by_seqno, rev_seqno, delete_time) + key
+
+
+def mutation(
+    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, value: bytes, *,
+    cas: int = 0, datatype: int = 0, flags: int = 0, expiry: int = 0, lock_time: int = 0,
+) -> bytes:
+    kl = len(key)
+    return (
+        HDR_MUTATION.pack(
+            0x80, Opcode.DCP_MUTATION, kl, 31, datatype, vbucket, 31 + kl + len(value), opaque,
+            cas, by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0,
+        )
+        + key
+        + value
+    )
+
+
+def deletion(
+    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, *, cas: int = 0,
+    datatype: int = 0, value: bytes = b"", delete_time: int | None = None,
+) -> bytes:
+    body = deletion_body(by_seqno, rev_seqno, key, value, delete_time)
+    el = 18 if delete_time is None else 21
+    return dcp_header(Opcode.DCP_DELETION, len(key), el, datatype, vbucket, len(body), opaque,
+                      cas) + body
+
+
+def expiration(
+    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, *, cas: int = 0,
+    delete_time: int = 0,
+) -> bytes:
+    body = expiration_body(by_seqno, rev_seqno, delete_time, key)
+    return dcp_header(Opcode.DCP_EXPIRATION, len(key), 20, 0, vbucket, len(body), opaque,
+                      cas) + body
+
+
+def snapshot_marker(
+    vbucket: int, opaque: int, start: int, end: int, flags: int, *,
+    max_visible_seqno: int | None = None, high_completed_seqno: int | None = None,
+) -> bytes:
+    """V1 (20 B extras) unless a max-visible/high-completed seqno is given, then V2.0."""
+    if start > end:
+        raise LocalProtocolError(f"snapshot start {start} > end {end}")
+    if max_visible_seqno is None and high_completed_seqno is None:
+        ext = MARKER_V1.pack(start, end, flags)
+        return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 20, 0, vbucket, 20, opaque, 0) + ext
+    val = MARKER_V2_0.pack(start, end, flags, max_visible_seqno if max_visible_seqno is not None
+                           else end, high_completed_seqno or 0)
+    return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 1, 0, vbucket, 37, opaque, 0) + b"\x00" + val
+
+
+def buffer_ack(nbytes: int, opaque: int = 0) -> bytes:
+    if not 0 <= nbytes <= 0xFFFFFFFF:
+        raise LocalProtocolError(f"buffer ack of {nbytes} bytes does not fit uint32")
+    return dcp_header(Opcode.DCP_BUFFER_ACK, 0, 4, 0, 0, 4, opaque, 0) + U32.pack(nbytes)
+
+
+def parse_mutation(frame: Frame) -> tuple[int, int, int, int, int]:
+    """(by_seqno, rev_seqno, flags, expiry, lock_time) of a DCP_MUTATION."""
+    if len(frame.extras) != 31:
+        raise RemoteProtocolError(f"DCP_MUTATION: extras length {len(frame.extras)}, expected 31")
+    by, rev, flags, exp, lock, _nmeta, _nru = MUTATION_EXTRAS.unpack(frame.extras)
+    return by, rev, flags, exp, lock
+
+
+def parse_deletion(frame: Frame) -> tuple[int, int, int | None]:
+    """(by_seqno, rev_seqno, delete_time or None) of a V1 or V2 DCP_DELETION."""
+    n = len(frame.extras)
+    if n == 18:
+        by, rev, _nmeta = DELETION_V1_EXTRAS.unpack(frame.extras)
+        return by, rev, None
+    if n == 21:
+        by, rev, dt, _ = DELETION_V2_EXTRAS.unpack(frame.extras)
+        return by, rev, dt
+    raise RemoteProtocolError(f"DCP_DELETION: extras length {n}, expected 18 or 21")
+
+
+def parse_expiration(frame: Frame) -> tuple[int, int, int]:
+    _need_extras(frame, 20, "DCP_EXPIRATION")
+    return EXPIRATION_EXTRAS.unpack(frame.extras)
+
+
+def parse_snapshot_marker(frame: Frame) -> tuple[int, int, int, int | None, int | None]:
+    """(start, end, flags, max_visible_seqno, high_completed_seqno); V2 fields None for V1."""
+    n = len(frame.extras)
+    if n == 20:
+        s, e, f = MARKER_V1.unpack(frame.extras)
+        return s, e, f, None, None
+    if n == 1:
+        ver = frame.extras[0]
+        if ver == 0 and len(frame.value) == 36:
+            s, e, f, mvs, hcs = MARKER_V2_0.unpack(frame.value)
+            return s, e, f, mvs, hcs
+        if ver == 2 and len(frame.value) == 52:
+            s, e, f, mvs, hcs = MARKER_V2_0.unpack_from(frame.value, 0)
+            return s, e, f, mvs, hcs
+        raise RemoteProtocolError(
+            f"DCP_SNAPSHOT_MARKER: version {ver} with a {len(frame.value)}-byte value"
+        )
+    raise RemoteProtocolError(f"DCP_SNAPSHOT_MARKER: extras length {n}, expected 20 or 1")
+
+
+def parse_buffer_ack(frame: Frame) -> int:
+    _need_extras(frame, 4, "DCP_BUFFER_ACK")
+    return U32.unpack(frame.extras)[0]
+
+
+def parse_stream_end(frame: Frame) -> int:
+    _need_extras(frame, 4, "DCP_STREAM_END")
+    return U32.unpack(frame.extras)[0]
+
+
+def parse_seqno_advanced(frame: Frame) -> int:
+    _need_extras(frame, 8, "DCP_SEQNO_ADVANCED")
+    return U64.unpack(frame.extras)[0]
+
+
+# --------------------------------------------------------------------------- DCP control
+
+
+def dcp_open(name: str | bytes, flags: int, opaque: int = 0, value: bytes = b"") -> bytes:
+    key = name.encode() if isinstance(name, str) else name
+    if not key or len(key) > 200:
+        raise LocalProtocolError("DCP connection name must be 1..200 bytes")
+    return request(Opcode.DCP_OPEN, opaque=opaque, extras=OPEN_EXTRAS.pack(0, flags), key=key,
+                   value=value)
+
+
+def parse_open(frame: Frame) -> tuple[bytes, int]:
+    """(connection name, flags) of a DCP_OPEN request."""
+    _need_extras(frame, 8, "DCP_OPEN")
+    if not frame.key or len(frame.key) > 200:
+        raise RemoteProtocolError("DCP_OPEN: connection name must be 1..200 bytes")
+    _seqno, flags = OPEN_EXTRAS.unpack(frame.extras)
+    return bytes(frame.key), flags
+
+
+def dcp_control(key: str, value: str, opaque: int = 0) -> bytes:
+    return request(Opcode.DCP_CONTROL, opaque=opaque, key=key.encode(), value=value.encode())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamRequest:
+    """Fields of a DCP_STREAM_REQ (extras plus optional JSON value)."""
+
+    vbucket: int
+    opaque: int
+    flags: int = 0
+    start_seqno: int = 0
+    end_seqno: int = SEQNO_MAX
+    vb_uuid: int = 0
+    snap_start_seqno: int = 0
+    snap_end_seqno: int = 0
+    value: bytes = b""
+
+    def encode(self) -> bytes:
+        return stream_request(
+            self.vbucket, self.opaque, flags=self.flags, start=self.start_seqno,
+            end=self.end_seqno, vb_uuid=self.vb_uuid, snap_start=self.snap_start_seqno,
+            snap_end=self.snap_end_seqno, value=self.value,
+        )
+
+
+def stream_request(
+    vbucket: int, opaque: int, *, flags: int = 0, start: int = 0, end: int = SEQNO_MAX,
+    vb_uuid: int = 0, snap_start: int = 0, snap_end: int = 0, value: bytes = b"",
+) -> bytes:
+    try:
+        ext = STREAM_REQ_EXTRAS.pack(flags, 0, start, end, vb_uuid, snap_start, snap_end)
+    except struct.error as exc:
+        raise LocalProtocolError(f"stream request field out of range: {exc}") from exc
+    return request(Opcode.DCP_STREAM_REQ, vbucket=vbucket, opaque=opaque, extras=ext, value=value)
+
+
+def parse_stream_request(frame: Frame) -> StreamRequest:
+    _need_extras(frame, 48, "DCP_STREAM_REQ")
+    if frame.key:
+        raise RemoteProtocolError("DCP_STREAM_REQ must not have a key")
+    flags, _res, start, end, uuid, ss, se = STREAM_REQ_EXTRAS.unpack(frame.extras)
+    return StreamRequest(
+        vbucket=frame.vbucket, opaque=frame.opaque, flags=flags, start_seqno=start,
+        end_seqno=end, vb_uuid=uuid, snap_start_seqno=ss, snap_end_seqno=se,
+        value=bytes(frame.value),
+    )
+
+
+def failover_log_value(entries: list[tuple[int, int]]) -> bytes:
+    """Value of a stream-request OK / get-failover-log response: (uuid, seqno) newest first."""
+    return b"".join(FAILOVER_ENTRY.pack(u, s) for u, s in entries)
+
+
+def parse_failover_log(value: bytes) -> list[tuple[int, int]]:
+    if len(value) % 16:
+        raise RemoteProtocolError(f"failover log of {len(value)} bytes is not a multiple of 16")
+    return [FAILOVER_ENTRY.unpack_from(value, i) for i in range(0, len(value), 16)]
+
+
+def stream_end(vbucket: int, opaque: int, status: int) -> bytes:
+    return dcp_header(Opcode.DCP_STREAM_END, 0, 4, 0, vbucket, 4, opaque, 0) + U32.pack(status)
+
+
+def seqno_advanced(vbucket: int, opaque: int, seqno: int) -> bytes:
+    return dcp_header(Opcode.DCP_SEQNO_ADVANCED, 0, 8, 0, vbucket, 8, opaque, 0) + U64.pack(seqno)
+
+
+def all_vb_seqnos_value(pairs: list[tuple[int, int]]) -> bytes:
+    return b"".join(VB_SEQNO.pack(vb, s) for vb, s in pairs)
+
+
+def parse_all_vb_seqnos(value: bytes) -> list[tuple[int, int]]:
+    if len(value) % 10:
+        raise RemoteProtocolError(f"vbucket seqno list of {len(value)} bytes is not 10*n")
+    return [VB_SEQNO.unpack_from(value, i) for i in range(0, len(value), 10)]
+
+
+# --------------------------------------------------------------------------- KV
+
+
+def store_extras(flags: int = 0, expiry: int = 0) -> bytes:
+    return STORE_EXTRAS.pack(flags, expiry)
+
+
+def parse_store_extras(frame: Frame) -> tuple[int, int]:
+    _need_extras(frame, 8, f"opcode 0x{frame.opcode:02x}")
+    return STORE_EXTRAS.unpack(frame.extras)
+
+
+def durability_frame_info(level: int, timeout_ms: int | None = None) -> bytes:
+    data = bytes([level]) if timeout_ms is None else bytes([level]) + U16.pack(timeout_ms)
+    return encode_frame_infos([(FrameInfoId.DURABILITY, data)])
+
+
+def parse_durability(frame: Frame) -> int:
+    """Durability level requested by a frame's frame infos (0 = none).
+
+    Raises:
+        RemoteProtocolError: malformed frame infos or durability payload.
+    """
+    if not frame.framing_extras:
+        return DurabilityLevel.NONE
+    for fid, data in parse_frame_infos(frame.framing_extras):
+        if fid == FrameInfoId.DURABILITY:
+            if len(data) not in (1, 3):
+                raise RemoteProtocolError(f"durability frame info of {len(data)} bytes")
+            return data[0]
+    return DurabilityLevel.NONE
+
+
+def stream_id_frame_info(sid: int) -> bytes:
+    return encode_frame_infos([(FrameInfoId.DCP_STREAM_ID, U16.pack(sid))])
+
+
+def parse_stream_id(frame: Frame) -> int | None:
+    for fid, data in parse_frame_infos(frame.framing_extras):
+        if fid == FrameInfoId.DCP_STREAM_ID:
+            if len(data) != 2:
+                raise RemoteProtocolError(f"stream-id frame info of {len(data)} bytes")
+            return U16.unpack(data)[0]
+    return None
+
+
+def mutation_seqno_extras(vb_uuid: int, seqno: int) -> bytes:
+    return MUTATION_SEQNO.pack(vb_uuid, seqno)
+
+
+def parse_mutation_seqno(frame: Frame) -> tuple[int, int] | None:
+    """(vb_uuid, seqno) from a write response when MutationSeqno was negotiated."""
+    if len(frame.extras) == 16:
+        return MUTATION_SEQNO.unpack(frame.extras)
+    if frame.extras:
+        raise RemoteProtocolError(f"write response extras of {len(frame.extras)} bytes")
+    return None
+
+
+def hello(agent: str, features: list[int], opaque: int = 0) -> bytes:
+    return request(Opcode.HELLO, opaque=opaque, key=agent.encode(),
+                   value=b"".join(U16.pack(f) for f in features))
+
+
+def parse_hello_features(value: bytes) -> list[int]:
+    if len(value) % 2:
+        raise RemoteProtocolError("HELLO value must be a list of 16-bit feature codes")
+    return [U16.unpack_from(value, i)[0] for i in range(0, len(value), 2)]
+
+
+def json_value(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def vbucket_for_key(key: bytes, num_vbuckets: int = 1024) -> int:
+    """The vbucket Couchbase clients pick for ``key`` (reference §9).
+
+    ``num_vbuckets`` must be a power of two.
+    """
+    if num_vbuckets <= 0 or num_vbuckets & (num_vbuckets - 1):
+        raise LocalProtocolError(f"num_vbuckets must be a power of two, not {num_vbuckets}")
+    return ((zlib.crc32(key) >> 16) & 0x7FFF) & (num_vbuckets - 1)
+

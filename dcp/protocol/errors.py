@@ -1,0 +1,154 @@
+"""Error tiers of the protocol layer.
+
+Rules of this module:
+- ``ProtocolError`` is never raised itself. ``LocalProtocolError`` means *we* tried to
+  build something the protocol forbids (a bug or bad user input to a builder);
+  ``RemoteProtocolError`` means bytes from the peer broke the protocol. The I/O layer
+  answers the second with EINVAL or by closing that one connection.
+- ``StatusError`` and its subclasses carry a response status from the peer. One table,
+  ``for_status``, maps a status to its class; ``retriable`` tells callers whether trying
+  again later can succeed.
+"""
+
+from __future__ import annotations
+
+from .opcodes import Status
+
+__all__ = [
+    "DcpStreamIdInvalid",
+    "InvalidArguments",
+    "KeyExists",
+    "KeyNotFound",
+    "LocalProtocolError",
+    "NotMyVbucket",
+    "NotStored",
+    "NotSupported",
+    "OutOfMemory",
+    "ProtocolError",
+    "RangeError",
+    "RemoteProtocolError",
+    "RollbackRequired",
+    "StatusError",
+    "TemporaryFailure",
+    "TooBig",
+    "UnknownCommand",
+    "for_status",
+]
+
+
+class ProtocolError(Exception):
+    """Base of the two protocol-violation tiers; catch it, never raise it."""
+
+    def __init__(self, msg: str) -> None:
+        if type(self) is ProtocolError:
+            raise TypeError("raise LocalProtocolError or RemoteProtocolError, not ProtocolError")
+        super().__init__(msg)
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to produce a frame the protocol does not allow."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that break the protocol (bad magic, lengths, extras...)."""
+
+
+class StatusError(Exception):
+    """A non-success response status from the peer."""
+
+    status: Status | int = Status.EINTERNAL
+    retriable: bool = False
+
+    def __init__(self, status: int, message: str = "", value: bytes = b"") -> None:
+        self.status = status
+        self.value = value
+        try:
+            name = Status(status).name
+        except ValueError:
+            name = f"0x{status:02x}"
+        super().__init__(f"{name}: {message}" if message else name)
+
+
+class KeyNotFound(StatusError):
+    pass
+
+
+class KeyExists(StatusError):
+    pass
+
+
+class TooBig(StatusError):
+    pass
+
+
+class InvalidArguments(StatusError):
+    pass
+
+
+class NotStored(StatusError):
+    pass
+
+
+class NotMyVbucket(StatusError):
+    retriable = True
+
+
+class RangeError(StatusError):
+    pass
+
+
+class RollbackRequired(StatusError):
+    """Stream request refused: the client must roll back to ``rollback_seqno`` first."""
+
+    def __init__(self, status: int, message: str = "", value: bytes = b"") -> None:
+        super().__init__(status, message, value)
+        self.rollback_seqno = int.from_bytes(value[:8], "big") if len(value) >= 8 else 0
+
+
+class UnknownCommand(StatusError):
+    pass
+
+
+class OutOfMemory(StatusError):
+    retriable = True
+
+
+class NotSupported(StatusError):
+    pass
+
+
+class TemporaryFailure(StatusError):
+    retriable = True
+
+
+class DcpStreamIdInvalid(StatusError):
+    pass
+
+
+_BY_STATUS: dict[int, type[StatusError]] = {
+    Status.KEY_ENOENT: KeyNotFound,
+    Status.KEY_EEXISTS: KeyExists,
+    Status.E2BIG: TooBig,
+    Status.EINVAL: InvalidArguments,
+    Status.NOT_STORED: NotStored,
+    Status.NOT_MY_VBUCKET: NotMyVbucket,
+    Status.ERANGE: RangeError,
+    Status.ROLLBACK: RollbackRequired,
+    Status.UNKNOWN_COMMAND: UnknownCommand,
+    Status.ENOMEM: OutOfMemory,
+    Status.NOT_SUPPORTED: NotSupported,
+    Status.ETMPFAIL: TemporaryFailure,
+    Status.EBUSY: TemporaryFailure,
+    Status.DCP_STREAMID_INVALID: DcpStreamIdInvalid,
+}
+
+
+def for_status(status: int, value: bytes = b"", message: str = "") -> StatusError:
+    """Build the ``StatusError`` subclass that matches ``status`` (unknown codes too)."""
+    cls = _BY_STATUS.get(status, StatusError)
+    if not message and value and cls is not RollbackRequired:
+        try:
+            message = bytes(value[:200]).decode("utf-8", "replace")
+        except Exception:  # pragma: no cover - decode with "replace" cannot fail
+            message = ""
+    return cls(status, message, value)
