@@ -1,0 +1,72 @@
+"""The storage/replication engine of the DCP producer.
+
+Synchronous and deterministic (clock and uuid source are injected; no trio, socket or
+time imports): vbuckets with seqnos and failover logs, checkpoints with deduplication
+and named cursors, the stream-request decision, and LMDB persistence (flusher, disk
+backfill, compaction, warm-up). See ``docs/engine.md``.
+
+Module map::
+
+    config.py             EngineConfig
+    item.py               Item, ItemOp, MutationResult, GetResult
+    failover.py           FailoverTable
+    stream_decision.py    decide_stream_request -> StreamDecision (pure, reference §5.4)
+    checkpoint.py         Checkpoint, Cursor, Snapshot, CursorRegistration
+    checkpoint_manager.py CheckpointManager, CheckpointMemory
+    vbucket.py            VBucket (KV operations, key index, expiry)
+    bucket.py             Bucket (facade, memory pressure / cursor dropping)
+    flusher.py            Flusher, FlushBatch (collect -> write_batch -> complete)
+    storage.py            LmdbStorage;  backfill.py  BackfillScan
+    compaction.py         Compactor (tombstone purge, history pruning)
+    warmup.py             warm-up and failover entries after an unclean shutdown
+    records.py            on-disk layouts;  errors.py  StorageError, StorageFullError
+"""
+
+from .backfill import BackfillScan
+from .bucket import Bucket
+from .checkpoint import Checkpoint, Cursor, CursorRegistration, Snapshot
+from .checkpoint_manager import PERSISTENCE_CURSOR, CheckpointManager, CheckpointMemory
+from .compaction import CompactionPlan, CompactionResult, Compactor
+from .config import EngineConfig
+from .errors import StorageError, StorageFullError
+from .failover import FailoverTable
+from .flusher import FlushBatch, Flusher, VBucketFlush
+from .item import GetResult, Item, ItemOp, MutationResult
+from .records import VBStateRecord
+from .storage import LmdbStorage
+from .stream_decision import DecisionKind, StreamDecision, decide_stream_request, needs_rollback
+from .vbucket import StoreMode, VBucket
+
+__all__ = [
+    "PERSISTENCE_CURSOR",
+    "BackfillScan",
+    "Bucket",
+    "Checkpoint",
+    "CheckpointManager",
+    "CheckpointMemory",
+    "CompactionPlan",
+    "CompactionResult",
+    "Compactor",
+    "Cursor",
+    "CursorRegistration",
+    "DecisionKind",
+    "EngineConfig",
+    "FailoverTable",
+    "FlushBatch",
+    "Flusher",
+    "GetResult",
+    "Item",
+    "ItemOp",
+    "LmdbStorage",
+    "MutationResult",
+    "Snapshot",
+    "StorageError",
+    "StorageFullError",
+    "StoreMode",
+    "StreamDecision",
+    "VBStateRecord",
+    "VBucket",
+    "VBucketFlush",
+    "decide_stream_request",
+    "needs_rollback",
+]

@@ -1,0 +1,241 @@
+"""The bucket: N vbuckets, the KV operations, checkpoint memory, flusher and storage.
+
+Rules of this module:
+- The facade the server drives. Synchronous and deterministic: time comes from the
+  injected ``clock`` (epoch seconds), vbucket uuids from ``uuid_source``; nothing here
+  imports trio, socket or time.
+- Single-threaded: everything runs on the event-loop thread except the blocking storage
+  calls (``LmdbStorage.write_batch``, ``open_backfill``/``BackfillScan.read``,
+  ``compact``, ``grow_map``), which touch only LMDB and their own objects.
+- Writes are acknowledged once they are in memory; a caller wanting durability waits
+  for the vbucket's persisted seqno (``Flusher.add_persistence_listener`` or
+  ``is_persisted``).
+- Checkpoint memory is bucket-wide. Above the quota, the cursors of the slowest streams
+  are dropped (never the persistence cursor) so their checkpoints can be freed; each
+  listener is then called with the vbucket so the stream notices ``cursor.dropped``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ...protocol.errors import NotMyVbucket
+from ...protocol.opcodes import Status
+from .checkpoint import Cursor
+from .checkpoint_manager import CheckpointMemory
+from .compaction import Compactor
+from .config import EngineConfig
+from .flusher import Flusher
+from .item import GetResult, MutationResult
+from .storage import LmdbStorage
+from .vbucket import StoreMode, VBucket
+from .warmup import warm_up
+
+__all__ = ["Bucket"]
+
+_MiB = 1024 * 1024
+
+
+class Bucket:
+    """A bucket of ``config.num_vbuckets`` vbuckets persisted in one LMDB environment."""
+
+    def __init__(self, config: EngineConfig, storage: LmdbStorage, *,
+                 clock: Callable[[], float], uuid_source: Callable[[], int]) -> None:
+        """Use ``Bucket.open``; this constructor does not warm up."""
+        self.config = config
+        self.num_vbuckets = config.num_vbuckets
+        self.storage = storage
+        self.clock = clock
+        self.uuid_source = uuid_source
+        self._memory = CheckpointMemory(config.checkpoint_memory_quota, self._memory_pressure)
+        self._dirty: set[int] = set()
+        self._listeners: list[Callable[[int], None]] = []
+        self._vbuckets: list[VBucket] = []
+        self.flusher = Flusher(self)
+        self.compactor = Compactor(self)
+        self.cursors_dropped = 0
+        self.warmup_unclean = False
+        self._closed = False
+
+    @classmethod
+    def open(cls, data_dir: str | Path, config: EngineConfig | None = None, *,
+             clock: Callable[[], float], uuid_source: Callable[[], int]) -> Bucket:
+        """Open (or create) the bucket stored in ``data_dir`` and warm it up (blocking).
+
+        Raises:
+            ValueError: invalid ``config``.
+            StorageError: LMDB cannot be opened or holds an incompatible bucket.
+        """
+        config = config or EngineConfig()
+        config.validate()
+        storage = LmdbStorage(data_dir, num_vbuckets=config.num_vbuckets,
+                              map_size=config.map_size, sync=config.lmdb_sync,
+                              history_enabled=config.history_enabled)
+        try:
+            bucket = cls(config, storage, clock=clock, uuid_source=uuid_source)
+            bucket._vbuckets = warm_up(bucket)
+        except BaseException:
+            storage.close()
+            raise
+        return bucket
+
+    # ------------------------------------------------------------------ vbuckets
+
+    def vbucket(self, vb: int) -> VBucket:
+        """The vbucket ``vb``; ``NotMyVbucket`` if out of range."""
+        if not 0 <= vb < self.num_vbuckets:
+            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {vb} out of range")
+        return self._vbuckets[vb]
+
+    @property
+    def vbuckets(self) -> list[VBucket]:
+        return list(self._vbuckets)
+
+    # ------------------------------------------------------------------ KV operations
+
+    def set(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
+            cas: int = 0, datatype: int = 0) -> MutationResult:
+        """Upsert (CAS-checked when ``cas`` != 0: KeyExists on mismatch, KeyNotFound if
+        absent)."""
+        if 0 <= vb < self.num_vbuckets:
+            return self._vbuckets[vb].store(key, value, flags, expiry, cas, datatype,
+                                            StoreMode.SET)
+        raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {vb} out of range")
+
+    def add(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
+            cas: int = 0, datatype: int = 0) -> MutationResult:
+        """Insert; ``KeyExists`` if a live version exists."""
+        return self.vbucket(vb).store(key, value, flags, expiry, cas, datatype, StoreMode.ADD)
+
+    def replace(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
+                cas: int = 0, datatype: int = 0) -> MutationResult:
+        """Update; ``KeyNotFound`` if no live version exists."""
+        return self.vbucket(vb).store(key, value, flags, expiry, cas, datatype,
+                                      StoreMode.REPLACE)
+
+    def delete(self, vb: int, key: bytes, *, cas: int = 0) -> MutationResult:
+        """Tombstone a live key; ``KeyNotFound`` if absent, ``KeyExists`` on CAS mismatch."""
+        return self.vbucket(vb).delete(key, cas)
+
+    def get(self, vb: int, key: bytes) -> GetResult:
+        """The live document; ``KeyNotFound`` if absent, deleted or expired."""
+        return self.vbucket(vb).get(key)
+
+    def expire(self, now: float | None = None) -> int:
+        """Expiry pass over every active vbucket; returns the number of items expired."""
+        now = self.clock() if now is None else now
+        return sum(vb.expire(now) for vb in self._vbuckets)
+
+    def is_persisted(self, vb: int, seqno: int) -> bool:
+        """True once ``seqno`` of ``vb`` is durable in LMDB."""
+        return self.vbucket(vb).persisted_seqno >= seqno
+
+    # ------------------------------------------------------------------ listeners
+
+    def add_listener(self, fn: Callable[[int], None]) -> None:
+        """``fn(vbid)`` is called synchronously whenever items are queued into a vbucket's
+        checkpoints, its state changes, or one of its cursors is dropped."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[int], None]) -> None:
+        self._listeners.remove(fn)
+
+    def _queued(self, vbid: int) -> None:
+        self._dirty.add(vbid)
+        for fn in self._listeners:
+            fn(vbid)
+
+    # ------------------------------------------------------------------ memory
+
+    def checkpoint_memory(self) -> int:
+        """Bytes held by all checkpoints of all vbuckets."""
+        return self._memory.used
+
+    @property
+    def checkpoint_memory_quota(self) -> int:
+        return self._memory.quota
+
+    @checkpoint_memory_quota.setter
+    def checkpoint_memory_quota(self, quota: int) -> None:
+        self._memory.quota = self._memory.threshold = quota
+        if self._memory.used > quota:
+            self._memory_pressure()
+
+    def _memory_pressure(self) -> None:
+        """Get checkpoint memory back under the quota, cheapest step first.
+
+        1. Close open checkpoints the persistence cursor has fully read: an open
+           checkpoint is never freed, so persisted items would otherwise stay in memory
+           for good (kv_engine creates a new checkpoint under pressure for the same
+           reason). Streams that read them all move on and the old ones are freed.
+        2. Drop the stream cursors pinning the most memory behind the persistence
+           cursor (never the persistence cursor itself).
+        If memory is still above the quota it is pinned by unpersisted items; the next
+        attempt waits for some growth (or for the flusher, which calls this again).
+        """
+        mem = self._memory
+        for vb in self._vbuckets:
+            mgr = vb.checkpoints
+            if mgr.persistence_caught_up() and mgr.open_checkpoint_items():
+                mgr.create_checkpoint()
+        touched = []
+        if mem.used > mem.quota:
+            candidates: list[tuple[int, int, Cursor]] = []
+            for vb in self._vbuckets:
+                mgr = vb.checkpoints
+                if len(mgr._checkpoints) > 1:
+                    candidates.extend((pinned, vb.vbid, c) for pinned, c in
+                                      mgr.droppable_cursors())
+            candidates.sort(key=lambda t: t[0], reverse=True)
+            for _pinned, vbid, cursor in candidates:
+                if mem.used <= mem.quota:
+                    break
+                self._vbuckets[vbid].checkpoints.drop_cursor(cursor)
+                self.cursors_dropped += 1
+                touched.append(vbid)
+        if mem.used > mem.quota:  # pinned by persistence: retry after some growth only
+            mem.threshold = mem.used + max(mem.quota // 16, _MiB)
+        else:
+            mem.threshold = mem.quota
+        for vbid in dict.fromkeys(touched):
+            for fn in self._listeners:
+                fn(vbid)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "num_vbuckets": self.num_vbuckets,
+            "checkpoint_memory": self._memory.used,
+            "checkpoint_memory_quota": self._memory.quota,
+            "cursors_dropped": self.cursors_dropped,
+            "flusher_pending_items": self.flusher.pending_items(),
+            "flusher_batches_written": self.flusher.batches_written,
+            "flusher_batches_failed": self.flusher.batches_failed,
+            "flusher_items_written": self.flusher.items_written,
+            **{f"storage_{k}": v for k, v in self.storage.stats().items()},
+        }
+
+    def close(self, clean: bool = True) -> None:
+        """Close storage. With ``clean`` (and nothing left unpersisted) write the
+        clean-shutdown marker so the next warm-up adds no failover entry.
+
+        The final flush is the caller's job; if items or state changes are still
+        pending the shutdown is recorded as unclean (they are lost, and consumers that
+        saw them must be told to roll back).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if clean and not self._dirty and self.flusher.in_flight is None:
+                self.storage.write_states({}, clean_shutdown=True)
+        finally:
+            self.storage.close()
+
+    def __enter__(self) -> Bucket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(clean=exc[0] is None)

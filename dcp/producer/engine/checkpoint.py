@@ -1,0 +1,223 @@
+"""Checkpoints, cursors and the snapshots a cursor reads.
+
+Rules of this module:
+- A checkpoint is a list of items in seqno order plus a dict key -> slot. Only the
+  *open* checkpoint deduplicates: a newer item for a key it holds sets the old slot to
+  ``None`` and is appended (perf-baseline §5, design F: 2.5 M appends/s). Slots are
+  never removed, so a cursor position ``(checkpoint, offset)`` stays valid while the
+  checkpoint lives.
+- Checkpoints are chained oldest -> newest through ``next``; a cursor walks that chain
+  and never needs the manager to find its way.
+- A cursor hands out WHOLE snapshots only. A snapshot ends at a consistent point: the
+  end of a closed checkpoint or the open checkpoint's last item *at take() time*, and
+  its items are copied out then, so later dedup cannot change what was handed out. A
+  snapshot ending in the middle of a checkpoint could miss an item deduplicated by a
+  later one, which is why ``max_items`` is a soft limit that never splits a snapshot.
+- ``num_cursors`` on each checkpoint counts the cursors positioned in it; every cursor
+  move keeps it right, since it decides when a closed checkpoint may be freed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...protocol.opcodes import SnapshotMarkerFlag
+
+if TYPE_CHECKING:
+    from .checkpoint_manager import CheckpointManager
+    from .item import Item
+
+__all__ = ["Checkpoint", "Cursor", "CursorRegistration", "Snapshot"]
+
+_MEMORY = int(SnapshotMarkerFlag.MEMORY)
+_MEMORY_CHECKPOINT = int(SnapshotMarkerFlag.MEMORY | SnapshotMarkerFlag.CHECKPOINT)
+
+
+class Checkpoint:
+    """One chunk of a vbucket's change queue.
+
+    ``start_seqno`` is the first seqno this checkpoint may hold (the previous one's last
+    seqno + 1), ``last_seqno`` the seqno of its last item (``start_seqno - 1`` if empty).
+    """
+
+    __slots__ = ("closed", "id", "index", "items", "last_seqno", "mem", "next", "num_cursors",
+                 "start_seqno")
+
+    def __init__(self, ckpt_id: int, start_seqno: int) -> None:
+        self.id = ckpt_id
+        self.start_seqno = start_seqno
+        self.last_seqno = start_seqno - 1
+        self.items: list[Item | None] = []
+        self.index: dict[bytes, int] = {}
+        self.mem = 0
+        self.num_cursors = 0
+        self.next: Checkpoint | None = None
+        self.closed = False
+
+    @property
+    def num_items(self) -> int:
+        """Live (not superseded) items."""
+        return len(self.index)
+
+    def offset_after(self, seqno: int) -> int:
+        """Slot of the first item with a seqno above ``seqno`` (len(items) if none)."""
+        items = self.items
+        if seqno < self.start_seqno:
+            return 0
+        if self.last_seqno <= seqno:
+            return len(items)
+        for i, it in enumerate(items):
+            if it is not None and it.seqno > seqno:
+                return i
+        return len(items)  # pragma: no cover - last slot is never None
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (f"Checkpoint(id={self.id}, {state}, seqnos {self.start_seqno}.."
+                f"{self.last_seqno}, {self.num_items} items, {self.mem} B)")
+
+
+class Snapshot:
+    """A range of seqnos and the items in it, as one snapshot marker announces them."""
+
+    __slots__ = ("end", "flags", "items", "start")
+
+    def __init__(self, start: int, end: int, flags: int, items: list[Item]) -> None:
+        self.start = start
+        self.end = end
+        self.flags = flags
+        self.items = items
+
+    def __repr__(self) -> str:
+        return (f"Snapshot({self.start}..{self.end}, flags=0x{self.flags:02x}, "
+                f"{len(self.items)} items)")
+
+
+class Cursor:
+    """A named reader of one vbucket's checkpoints (a stream or the persistence cursor).
+
+    ``last_seqno`` is the end of the last snapshot handed out (or the registration
+    seqno). ``dropped`` becomes True when memory pressure dropped the cursor; a dropped
+    cursor's ``take`` returns ``[]`` and the stream must backfill from disk.
+    """
+
+    __slots__ = ("_ckpt", "_manager", "_offset", "dropped", "last_seqno", "name")
+
+    def __init__(self, name: str, manager: CheckpointManager, ckpt: Checkpoint, offset: int,
+                 last_seqno: int) -> None:
+        self.name = name
+        self.dropped = False
+        self.last_seqno = last_seqno
+        self._manager = manager
+        self._ckpt: Checkpoint | None = ckpt
+        self._offset = offset
+        ckpt.num_cursors += 1
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(checkpoint id, slot offset) of the next read; (-1, -1) once dropped."""
+        if self._ckpt is None:
+            return (-1, -1)
+        return (self._ckpt.id, self._offset)
+
+    @property
+    def checkpoint_id(self) -> int:
+        return -1 if self._ckpt is None else self._ckpt.id
+
+    def take(self, max_items: int) -> list[Snapshot]:
+        """Whole snapshots after the cursor, stopping once >= ``max_items`` items.
+
+        Returns ``[]`` when there is nothing new or the cursor was dropped.
+        """
+        if self._ckpt is None:
+            return []
+        snaps, ckpt, offset, last = self._read(max_items)
+        self._move(ckpt, offset)
+        self.last_seqno = last
+        return snaps
+
+    def peek(self, max_items: int) -> tuple[list[Snapshot], tuple[Checkpoint, int, int]]:
+        """Like ``take`` but without moving; returns the position to ``advance_to`` later.
+
+        The flusher peeks at collect time and advances only once the batch is durable.
+        """
+        if self._ckpt is None:
+            return [], (None, 0, self.last_seqno)  # type: ignore[return-value]
+        snaps, ckpt, offset, last = self._read(max_items)
+        return snaps, (ckpt, offset, last)
+
+    def advance_to(self, mark: tuple[Checkpoint, int, int]) -> None:
+        """Move to a position returned by ``peek`` (it stays valid: slots never move)."""
+        ckpt, offset, last = mark
+        if self._ckpt is None or ckpt is None:
+            return
+        if (ckpt.id, offset) <= (self._ckpt.id, self._offset):
+            return
+        self._move(ckpt, offset)
+        self.last_seqno = last
+
+    def _read(self, max_items: int) -> tuple[list[Snapshot], Checkpoint, int, int]:
+        ckpt = self._ckpt
+        assert ckpt is not None
+        off = self._offset
+        last = self.last_seqno
+        out: list[Snapshot] = []
+        n = 0
+        while True:
+            items = ckpt.items
+            end = len(items)
+            if off >= end:
+                nxt = ckpt.next
+                if nxt is None:
+                    break
+                ckpt, off = nxt, 0
+                continue
+            if n >= max_items:
+                break
+            chunk = list(filter(None, items[off:end]))
+            last = chunk[-1].seqno
+            out.append(Snapshot(chunk[0].seqno, last,
+                                _MEMORY_CHECKPOINT if off == 0 else _MEMORY, chunk))
+            n += len(chunk)
+            off = end
+        return out, ckpt, off, last
+
+    def _move(self, ckpt: Checkpoint, offset: int) -> None:
+        old = self._ckpt
+        self._offset = offset
+        if ckpt is not old:
+            assert old is not None
+            old.num_cursors -= 1
+            ckpt.num_cursors += 1
+            self._ckpt = ckpt
+            self._manager.free_unreferenced()
+
+    def _detach(self) -> None:
+        """Leave the checkpoints for good (removed or dropped)."""
+        if self._ckpt is not None:
+            self._ckpt.num_cursors -= 1
+            self._ckpt = None
+
+    def __repr__(self) -> str:
+        flag = " dropped" if self.dropped else ""
+        return f"Cursor({self.name!r}, last_seqno={self.last_seqno}, at={self.position}{flag})"
+
+
+class CursorRegistration:
+    """Result of ``register_cursor``.
+
+    ``backfill`` False: memory holds every item (or its dedup successor) after the
+    requested seqno and the cursor is placed right after it. ``backfill`` True: memory
+    no longer reaches back that far; the cursor sits at the start of memory and the
+    stream must first backfill from disk (up to the disk's persisted seqno P, which is
+    >= the memory start - 1), then read the cursor skipping items with seqno <= P.
+    """
+
+    __slots__ = ("backfill", "cursor")
+
+    def __init__(self, cursor: Cursor, backfill: bool) -> None:
+        self.cursor = cursor
+        self.backfill = backfill
+
+    def __repr__(self) -> str:
+        return f"CursorRegistration({self.cursor!r}, backfill={self.backfill})"

@@ -1,0 +1,267 @@
+"""The checkpoint manager of one vbucket: queue items, place cursors, free memory.
+
+Rules of this module:
+- Items enter only through ``queue`` (seqno order, the vbucket assigns seqnos). The open
+  checkpoint is closed at ``checkpoint_max_items`` slots, ``checkpoint_max_bytes`` bytes,
+  or on request (``create_checkpoint``).
+- The persistence cursor (``PERSISTENCE_CURSOR``) exists from the start and is never
+  dropped or removed: a checkpoint holding unpersisted items can never be freed.
+- A closed checkpoint is freed as soon as it is the oldest and no cursor is in it;
+  memory is accounted in bytes in the bucket-wide ``CheckpointMemory``.
+- Cursor dropping (memory pressure) is decided bucket-wide by the bucket; this class
+  only offers candidates (``droppable_cursors``) and drops the ones it is told to.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from .checkpoint import Checkpoint, Cursor, CursorRegistration
+from .item import ITEM_OVERHEAD, Item
+
+__all__ = ["PERSISTENCE_CURSOR", "CheckpointManager", "CheckpointMemory"]
+
+PERSISTENCE_CURSOR = "persistence"
+
+
+class CheckpointMemory:
+    """Bucket-wide checkpoint memory: bytes used, the quota, the pressure hook.
+
+    ``threshold`` is the level that triggers ``on_pressure``: the quota, raised a little
+    after an attempt that could not get under it, so a bucket whose memory is pinned by
+    the (slow) persistence cursor does not rescan every cursor on every write.
+    """
+
+    __slots__ = ("on_pressure", "quota", "threshold", "used")
+
+    def __init__(self, quota: int, on_pressure: Callable[[], None] | None = None) -> None:
+        self.used = 0
+        self.quota = quota
+        self.threshold = quota
+        self.on_pressure = on_pressure or (lambda: None)
+
+
+class CheckpointManager:
+    """Open + closed checkpoints of one vbucket and the named cursors reading them."""
+
+    __slots__ = ("_checkpoints", "_cursors", "_max_bytes", "_max_items", "_memory", "_next_id",
+                 "_open", "persistence_cursor", "vbid")
+
+    def __init__(self, vbid: int, memory: CheckpointMemory, *, start_seqno: int,
+                 max_items: int, max_bytes: int) -> None:
+        """``start_seqno`` is the first seqno the first checkpoint may hold (high + 1)."""
+        self.vbid = vbid
+        self._memory = memory
+        self._max_items = max_items
+        self._max_bytes = max_bytes
+        self._next_id = 2
+        self._open = Checkpoint(1, start_seqno)
+        self._checkpoints: deque[Checkpoint] = deque([self._open])
+        self._cursors: dict[str, Cursor] = {}
+        self.persistence_cursor = Cursor(PERSISTENCE_CURSOR, self, self._open, 0,
+                                         start_seqno - 1)
+        self._cursors[PERSISTENCE_CURSOR] = self.persistence_cursor
+
+    # ------------------------------------------------------------------ queueing
+
+    def queue(self, item: Item) -> None:
+        """Append ``item`` to the open checkpoint, superseding that key's older slot."""
+        ckpt = self._open
+        key = item.key
+        size = len(key) + len(item.value) + len(item.body) + ITEM_OVERHEAD
+        items = ckpt.items
+        index = ckpt.index
+        slot = index.get(key)
+        if slot is not None:
+            old = items[slot]
+            items[slot] = None
+            size -= len(old.key) + len(old.value) + len(old.body) + ITEM_OVERHEAD  # type: ignore[union-attr]
+        index[key] = len(items)
+        items.append(item)
+        ckpt.mem += size
+        ckpt.last_seqno = item.seqno
+        mem = self._memory
+        mem.used += size
+        if len(items) >= self._max_items or ckpt.mem >= self._max_bytes:
+            self._close_open()
+        if mem.used > mem.threshold:
+            mem.on_pressure()
+
+    def create_checkpoint(self) -> int:
+        """Close the open checkpoint now (if it holds anything); returns the open id.
+
+        The current high seqno becomes a snapshot boundary for every cursor.
+        """
+        if self._open.items:
+            self._close_open()
+        return self._open.id
+
+    def _close_open(self) -> None:
+        old = self._open
+        old.closed = True
+        new = Checkpoint(self._next_id, old.last_seqno + 1)
+        self._next_id += 1
+        old.next = new
+        self._open = new
+        self._checkpoints.append(new)
+        # Cursors that have read all of the old checkpoint move on now, unpinning it.
+        end = len(old.items)
+        for c in self._cursors.values():
+            if c._ckpt is old and c._offset >= end:
+                c._move(new, 0)
+        self.free_unreferenced()
+
+    def free_unreferenced(self) -> int:
+        """Free the oldest closed checkpoints no cursor is in; returns bytes freed."""
+        ckpts = self._checkpoints
+        freed = 0
+        while len(ckpts) > 1:
+            first = ckpts[0]
+            if first.num_cursors or not first.closed:
+                break
+            ckpts.popleft()
+            freed += first.mem
+            first.mem = 0
+            first.items = []
+            first.index = {}
+        if freed:
+            mem = self._memory
+            mem.used -= freed
+            if mem.used <= mem.quota:
+                mem.threshold = mem.quota
+        return freed
+
+    # ------------------------------------------------------------------ cursors
+
+    def register_cursor(self, name: str, start_seqno: int) -> CursorRegistration:
+        """Place a cursor so that its first item is the first one after ``start_seqno``.
+
+        Replaces a cursor of the same name. See ``CursorRegistration`` for the backfill
+        contract when memory no longer reaches back to ``start_seqno``.
+        """
+        if name == PERSISTENCE_CURSOR:
+            raise ValueError("the persistence cursor cannot be re-registered")
+        if name in self._cursors:
+            self.remove_cursor(name)
+        first = self._checkpoints[0]
+        if start_seqno + 1 < first.start_seqno:
+            cursor = Cursor(name, self, first, 0, start_seqno)
+            backfill = True
+        else:
+            target = first
+            for ckpt in self._checkpoints:
+                if ckpt.start_seqno <= start_seqno + 1:
+                    target = ckpt
+                else:
+                    break
+            cursor = Cursor(name, self, target, target.offset_after(start_seqno), start_seqno)
+            backfill = False
+        self._cursors[name] = cursor
+        return CursorRegistration(cursor, backfill)
+
+    def remove_cursor(self, name_or_cursor: str | Cursor) -> bool:
+        """Remove a stream's cursor (unknown names are ignored); returns True if removed."""
+        name = name_or_cursor if isinstance(name_or_cursor, str) else name_or_cursor.name
+        if name == PERSISTENCE_CURSOR:
+            raise ValueError("the persistence cursor cannot be removed")
+        cursor = self._cursors.get(name)
+        if cursor is None or (not isinstance(name_or_cursor, str) and cursor is not name_or_cursor):
+            return False
+        del self._cursors[name]
+        cursor._detach()
+        self.free_unreferenced()
+        return True
+
+    def drop_cursor(self, cursor: Cursor) -> int:
+        """Drop a stream's cursor under memory pressure; returns bytes freed."""
+        if cursor is self.persistence_cursor:
+            raise ValueError("the persistence cursor is never dropped")
+        if self._cursors.get(cursor.name) is cursor:
+            del self._cursors[cursor.name]
+        cursor._detach()
+        cursor.dropped = True
+        return self.free_unreferenced()
+
+    def droppable_cursors(self) -> list[tuple[int, Cursor]]:
+        """(bytes pinned, cursor) for stream cursors behind the persistence cursor.
+
+        Only those pin memory that dropping them can free: checkpoints the persistence
+        cursor has not passed cannot be freed anyway.
+        """
+        pckpt = self.persistence_cursor._ckpt
+        assert pckpt is not None
+        out = []
+        for c in self._cursors.values():
+            ck = c._ckpt
+            if c is self.persistence_cursor or ck is None or ck.id >= pckpt.id:
+                continue
+            pinned = 0
+            while ck is not None and ck is not pckpt:
+                pinned += ck.mem
+                ck = ck.next
+            out.append((pinned, c))
+        return out
+
+    @property
+    def cursors(self) -> Iterable[Cursor]:
+        return list(self._cursors.values())
+
+    def get_cursor(self, name: str) -> Cursor | None:
+        return self._cursors.get(name)
+
+    # ------------------------------------------------------------------ lookups & stats
+
+    def persistence_caught_up(self) -> bool:
+        """True when the persistence cursor has read everything queued."""
+        p = self.persistence_cursor
+        return p._ckpt is self._open and p._offset >= len(self._open.items)
+
+    def open_checkpoint_items(self) -> int:
+        """Slots (live or superseded) in the open checkpoint."""
+        return len(self._open.items)
+
+    @property
+    def open_checkpoint_id(self) -> int:
+        return self._open.id
+
+    @property
+    def memory_start_seqno(self) -> int:
+        """Lowest seqno memory can still serve (oldest checkpoint's start)."""
+        return self._checkpoints[0].start_seqno
+
+    @property
+    def checkpoints(self) -> list[Checkpoint]:
+        return list(self._checkpoints)
+
+    @property
+    def mem_usage(self) -> int:
+        return sum(c.mem for c in self._checkpoints)
+
+    def find_item(self, key: bytes) -> Item | None:
+        """Newest in-memory item for ``key`` (searches newest checkpoint first)."""
+        for ckpt in reversed(self._checkpoints):
+            slot = ckpt.index.get(key)
+            if slot is not None:
+                return ckpt.items[slot]
+        return None
+
+    def num_items(self) -> int:
+        return sum(c.num_items for c in self._checkpoints)
+
+    def stats(self) -> dict[str, int | str]:
+        """Couchbase-like ``checkpoint`` stats of this vbucket."""
+        out: dict[str, int | str] = {
+            "open_checkpoint_id": self._open.id,
+            "num_checkpoints": len(self._checkpoints),
+            "num_open_checkpoint_items": self._open.num_items,
+            "num_items": self.num_items(),
+            "mem_usage": self.mem_usage,
+            "memory_start_seqno": self.memory_start_seqno,
+            "num_cursors": len(self._cursors),
+        }
+        for c in self._cursors.values():
+            out[f"cursor:{c.name}:checkpoint_id"] = c.checkpoint_id
+            out[f"cursor:{c.name}:last_seqno"] = c.last_seqno
+            out[f"cursor:{c.name}:dropped"] = "true" if c.dropped else "false"
+        return out

@@ -1,0 +1,233 @@
+"""Checkpoint manager and cursors: dedup, whole snapshots, placement, freeing, memory."""
+
+from __future__ import annotations
+
+from dcp.producer.engine import (
+    CheckpointManager,
+    CheckpointMemory,
+    Item,
+    ItemOp,
+    Snapshot,
+)
+from dcp.producer.engine.item import item_size
+from dcp.protocol.opcodes import SnapshotMarkerFlag
+
+MEM = SnapshotMarkerFlag.MEMORY
+CKPT = SnapshotMarkerFlag.CHECKPOINT
+
+
+class Seq:
+    """Feeds a manager items with increasing seqnos, like a vbucket does."""
+
+    def __init__(self, mgr: CheckpointManager, start: int = 1) -> None:
+        self.mgr = mgr
+        self.next = start
+
+    def put(self, *keys: bytes, value: bytes = b"v") -> list[int]:
+        out = []
+        for k in keys:
+            s = self.next
+            self.next += 1
+            self.mgr.queue(Item.mutation(0, s, 1, s, 0, 0, 0, k, value))
+            out.append(s)
+        return out
+
+
+def manager(max_items: int = 100, max_bytes: int = 1 << 30, quota: int = 1 << 30,
+            start_seqno: int = 1) -> tuple[CheckpointManager, CheckpointMemory]:
+    mem = CheckpointMemory(quota)
+    return CheckpointManager(0, mem, start_seqno=start_seqno, max_items=max_items,
+                             max_bytes=max_bytes), mem
+
+
+def flat(snaps: list[Snapshot]) -> list[tuple[int, bytes]]:
+    return [(it.seqno, it.key) for s in snaps for it in s.items]
+
+
+def test_seed_dedup_example_gives_one_snapshot_2_to_3() -> None:
+    """set A, set B, set A -> a cursor from 0 sees one snapshot 2..3 with B@2, A@3."""
+    mgr, _ = manager()
+    Seq(mgr).put(b"A", b"B", b"A")
+    snaps = mgr.register_cursor("s", 0).cursor.take(100)
+    assert len(snaps) == 1
+    assert (snaps[0].start, snaps[0].end) == (2, 3)
+    assert flat(snaps) == [(2, b"B"), (3, b"A")]
+    assert snaps[0].flags == MEM | CKPT
+
+
+def test_cursor_registered_before_writes_sees_the_same_dedup() -> None:
+    mgr, _ = manager()
+    cur = mgr.register_cursor("s", 0).cursor
+    Seq(mgr).put(b"A", b"B", b"A")
+    snaps = cur.take(100)
+    assert [(s.start, s.end) for s in snaps] == [(2, 3)]
+
+
+def test_dedup_happens_only_in_the_open_checkpoint() -> None:
+    mgr, _ = manager()
+    seq = Seq(mgr)
+    seq.put(b"A", b"B")
+    mgr.create_checkpoint()
+    seq.put(b"A")
+    snaps = mgr.register_cursor("s", 0).cursor.take(100)
+    assert [(s.start, s.end) for s in snaps] == [(1, 2), (3, 3)]
+    assert flat(snaps) == [(1, b"A"), (2, b"B"), (3, b"A")]
+    assert snaps[1].flags == MEM | CKPT
+
+
+def test_take_copies_items_so_later_dedup_cannot_change_them() -> None:
+    mgr, _ = manager()
+    seq = Seq(mgr)
+    cur = mgr.register_cursor("s", 0).cursor
+    seq.put(b"A", b"B")
+    first = cur.take(100)
+    seq.put(b"A")  # supersedes A@1 in the open checkpoint
+    assert flat(first) == [(1, b"A"), (2, b"B")]
+    second = cur.take(100)
+    assert [(s.start, s.end, s.flags) for s in second] == [(3, 3, MEM)]
+
+
+def test_take_is_a_soft_limit_and_never_splits_a_snapshot() -> None:
+    mgr, _ = manager(max_items=5)
+    Seq(mgr).put(*[b"k%d" % i for i in range(12)])  # checkpoints of 5, 5, 2
+    cur = mgr.register_cursor("s", 0).cursor
+    first = cur.take(3)
+    assert [(s.start, s.end) for s in first] == [(1, 5)]
+    rest = cur.take(6)
+    assert [(s.start, s.end) for s in rest] == [(6, 10), (11, 12)]
+    assert cur.take(100) == []
+
+
+def test_snapshot_ends_at_open_checkpoint_current_last_item() -> None:
+    mgr, _ = manager()
+    seq = Seq(mgr)
+    cur = mgr.register_cursor("s", 0).cursor
+    seq.put(b"a", b"b")
+    assert [(s.start, s.end) for s in cur.take(1)] == [(1, 2)]
+    seq.put(b"c")
+    assert [(s.start, s.end) for s in cur.take(1)] == [(3, 3)]
+    assert cur.last_seqno == 3
+
+
+def test_checkpoint_closes_at_item_count_and_at_byte_size() -> None:
+    mgr, _ = manager(max_items=3)
+    Seq(mgr).put(b"a", b"b", b"c", b"d")
+    assert [len(c.items) for c in mgr.checkpoints] == [3, 1]
+    mgr2, _ = manager(max_bytes=1000)
+    Seq(mgr2).put(b"a", b"b", value=b"x" * 600)
+    assert len(mgr2.checkpoints) == 3  # each 600-byte item fills a checkpoint
+
+
+def test_register_cursor_mid_memory_starts_after_start_seqno() -> None:
+    mgr, _ = manager(max_items=4)
+    Seq(mgr).put(*[b"k%d" % i for i in range(10)])
+    reg = mgr.register_cursor("s", 6)
+    assert not reg.backfill
+    snaps = reg.cursor.take(100)
+    assert [it.seqno for s in snaps for it in s.items] == [7, 8, 9, 10]
+    assert snaps[0].flags == MEM  # begins mid-checkpoint
+
+
+def test_register_cursor_at_high_seqno_gets_nothing_until_new_items() -> None:
+    mgr, _ = manager()
+    seq = Seq(mgr)
+    seq.put(b"a", b"b")
+    cur = mgr.register_cursor("s", 2).cursor
+    assert cur.take(10) == []
+    seq.put(b"c")
+    assert flat(cur.take(10)) == [(3, b"c")]
+
+
+def test_closed_checkpoints_without_cursors_are_freed_and_memory_accounted() -> None:
+    mgr, mem = manager(max_items=2)
+    seq = Seq(mgr)
+    seq.put(b"a", b"b", b"c", b"d", b"e")
+    assert len(mgr.checkpoints) == 3  # persistence cursor pins all
+    total = mem.used
+    assert total == sum(c.mem for c in mgr.checkpoints) > 0
+    p = mgr.persistence_cursor
+    p.take(100)
+    assert len(mgr.checkpoints) == 1
+    assert mem.used == mgr.checkpoints[0].mem
+
+
+def test_dedup_frees_the_superseded_item_memory() -> None:
+    mgr, mem = manager()
+    seq = Seq(mgr)
+    seq.put(b"a", value=b"x" * 100)
+    one = mem.used
+    seq.put(b"a", value=b"x" * 100)
+    assert mem.used == one
+    assert mgr.checkpoints[0].num_items == 1
+
+
+def test_memory_no_longer_covering_start_means_backfill_from_memory_start() -> None:
+    mgr, _ = manager(max_items=2)
+    seq = Seq(mgr)
+    seq.put(b"a", b"b", b"c", b"d", b"e")
+    mgr.persistence_cursor.take(100)  # frees checkpoints 1..4
+    assert mgr.memory_start_seqno == 5
+    reg = mgr.register_cursor("s", 1)
+    assert reg.backfill
+    assert [it.seqno for s in reg.cursor.take(100) for it in s.items] == [5]
+    assert not mgr.register_cursor("t", 4).backfill
+
+
+def test_remove_cursor_unpins_checkpoints() -> None:
+    mgr, _ = manager(max_items=2)
+    seq = Seq(mgr)
+    cur = mgr.register_cursor("s", 0).cursor
+    seq.put(b"a", b"b", b"c")
+    mgr.persistence_cursor.take(100)
+    assert len(mgr.checkpoints) == 2  # the stream cursor pins checkpoint 1
+    assert mgr.remove_cursor(cur)
+    assert len(mgr.checkpoints) == 1
+    assert not mgr.remove_cursor("nobody")
+
+
+def test_peek_does_not_move_and_advance_to_does() -> None:
+    mgr, _ = manager()
+    seq = Seq(mgr)
+    seq.put(b"a", b"b")
+    p = mgr.persistence_cursor
+    snaps, mark = p.peek(100)
+    assert flat(snaps) == [(1, b"a"), (2, b"b")]
+    seq.put(b"a")  # dedup while the batch is in flight
+    assert flat(p.peek(100)[0]) == [(2, b"b"), (3, b"a")]
+    p.advance_to(mark)
+    assert flat(p.take(100)) == [(3, b"a")]
+
+
+def test_droppable_cursors_are_only_those_behind_persistence() -> None:
+    mgr, _ = manager(max_items=2)
+    seq = Seq(mgr)
+    slow = mgr.register_cursor("slow", 0).cursor
+    seq.put(b"a", b"b", b"c", b"d", b"e")
+    assert mgr.droppable_cursors() == []  # persistence is as far behind
+    mgr.persistence_cursor.take(100)
+    (pinned, cursor), = mgr.droppable_cursors()
+    assert cursor is slow and pinned > 0
+    freed = mgr.drop_cursor(slow)
+    assert freed == pinned
+    assert slow.dropped and slow.take(10) == []
+    assert mgr.get_cursor("slow") is None
+
+
+def test_stats_report_cursors_and_checkpoints() -> None:
+    mgr, _ = manager()
+    Seq(mgr).put(b"a")
+    mgr.register_cursor("s", 0)
+    st = mgr.stats()
+    assert st["num_items"] == 1 and st["num_checkpoints"] == 1
+    assert st["cursor:s:last_seqno"] == 0 and st["cursor:s:dropped"] == "false"
+    assert st["cursor:persistence:checkpoint_id"] == 1
+
+
+def test_deletions_are_queued_and_dedup_like_mutations() -> None:
+    mgr, _ = manager()
+    Seq(mgr).put(b"a")
+    mgr.queue(Item(0, 2, 2, 2, 0, 0, 0, b"a", b"", ItemOp.DELETION, 5, b""))
+    snaps = mgr.register_cursor("s", 0).cursor.take(10)
+    (it,) = snaps[0].items
+    assert (it.seqno, it.op, it.delete_time) == (2, ItemOp.DELETION, 5)
+    assert item_size(it) == 1 + 200
