@@ -94,33 +94,39 @@ class Bucket:
 
     # ------------------------------------------------------------------ KV operations
 
+    def owner(self, vb: int, key: bytes) -> VBucket:
+        """The vbucket ``vb`` if it exists, else ``NotMyVbucket``. (Whether ``key`` hashes
+        to ``vb`` is the wire layer's check: the engine stores what it is given.)"""
+        if not 0 <= vb < self.num_vbuckets:
+            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {vb} out of range")
+        return self._vbuckets[vb]
+
     def set(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
             cas: int = 0, datatype: int = 0) -> MutationResult:
         """Upsert (CAS-checked when ``cas`` != 0: KeyExists on mismatch, KeyNotFound if
         absent)."""
-        if 0 <= vb < self.num_vbuckets:
-            return self._vbuckets[vb].store(key, value, flags, expiry, cas, datatype,
-                                            StoreMode.SET)
-        raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {vb} out of range")
+        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype,
+                                         StoreMode.SET)
 
     def add(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
             cas: int = 0, datatype: int = 0) -> MutationResult:
         """Insert; ``KeyExists`` if a live version exists."""
-        return self.vbucket(vb).store(key, value, flags, expiry, cas, datatype, StoreMode.ADD)
+        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype,
+                                         StoreMode.ADD)
 
     def replace(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
                 cas: int = 0, datatype: int = 0) -> MutationResult:
         """Update; ``KeyNotFound`` if no live version exists."""
-        return self.vbucket(vb).store(key, value, flags, expiry, cas, datatype,
-                                      StoreMode.REPLACE)
+        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype,
+                                         StoreMode.REPLACE)
 
     def delete(self, vb: int, key: bytes, *, cas: int = 0) -> MutationResult:
         """Tombstone a live key; ``KeyNotFound`` if absent, ``KeyExists`` on CAS mismatch."""
-        return self.vbucket(vb).delete(key, cas)
+        return self.owner(vb, key).delete(key, cas)
 
     def get(self, vb: int, key: bytes) -> GetResult:
         """The live document; ``KeyNotFound`` if absent, deleted or expired."""
-        return self.vbucket(vb).get(key)
+        return self.owner(vb, key).get(key)
 
     def expire(self, now: float | None = None) -> int:
         """Expiry pass over every active vbucket; returns the number of items expired."""

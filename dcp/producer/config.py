@@ -1,0 +1,131 @@
+"""Server configuration: defaults, a TOML file, ``DCP_*`` environment variables, flags.
+
+Rules of this module:
+- One dataclass, ``ServerConfig``, holds every setting with its default. Precedence, lowest
+  first: defaults < TOML file (``--config``) < environment (``DCP_<FIELD>``) < flags.
+- Values are validated once, here (``ServerConfig.validate``), with messages that name the
+  setting, so a bad config stops the server before it binds a port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConfigError", "ServerConfig", "load_config"]
+
+
+class ConfigError(ValueError):
+    """A setting is missing, unknown or out of range."""
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 11210
+    data_dir: str = "./dcp-data"
+    num_vbuckets: int = 1024
+    #: Bytes of checkpoint memory (all vbuckets) above which slow streams lose their cursor.
+    checkpoint_memory_quota: int = 256 * 1024 * 1024
+    checkpoint_max_items: int = 10_000
+    max_item_size: int = 20 * 1024 * 1024
+    #: Keep superseded versions this long on disk so backfills can replay every change.
+    history_seconds: float = 0.0
+    history_bytes: int = 0
+    tombstone_purge_age: float = 3 * 24 * 3600.0
+    #: LMDB map size: the most the store may hold; full -> writes get ETMPFAIL.
+    map_size: int = 8 * 1024 * 1024 * 1024
+    #: Default DCP noop interval when a client enables noops without an interval.
+    noop_interval: float = 20.0
+    #: Disconnect a DCP client from which nothing was read for this long (noops enabled).
+    idle_timeout: float = 360.0
+    #: Max bytes queued for one connection before the server stops reading its requests.
+    connection_output_cap: int = 16 * 1024 * 1024
+    #: Bytes one write to a socket may carry (batching target).
+    send_batch_bytes: int = 256 * 1024
+    flush_batch_items: int = 50_000
+    expiry_interval: float = 10.0
+    compaction_interval: float = 3600.0
+    #: Backfill buffer per stream (bytes) before the disk scan pauses.
+    backfill_buffer_bytes: int = 8 * 1024 * 1024
+    max_concurrent_backfills: int = 4
+    log_level: str = "INFO"
+    metrics_port: int = 0
+
+    def validate(self) -> ServerConfig:
+        n = self.num_vbuckets
+        if n <= 0 or n & (n - 1) or n > 1024:
+            raise ConfigError(f"num_vbuckets must be a power of two in 1..1024, not {n}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, not {self.port}")
+        for name in ("checkpoint_memory_quota", "max_item_size", "map_size", "send_batch_bytes",
+                     "flush_batch_items", "checkpoint_max_items", "connection_output_cap",
+                     "backfill_buffer_bytes", "max_concurrent_backfills"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
+        for name in ("history_seconds", "history_bytes", "tombstone_purge_age"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
+        for name in ("noop_interval", "idle_timeout", "expiry_interval", "compaction_interval"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(
+                f"log_level must be DEBUG, INFO, WARNING or ERROR, not {self.log_level}")
+        return self
+
+
+def _coerce(name: str, typ: Any, raw: Any) -> Any:
+    try:
+        if typ in (int, "int"):
+            return int(raw)
+        if typ in (float, "float"):
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: cannot use {raw!r} ({exc})") from exc
+
+
+def _types() -> dict[str, Any]:
+    return {f.name: f.type for f in fields(ServerConfig)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per setting (``--data-dir``, ``--num-vbuckets``...)."""
+    parser.add_argument("--config", help="TOML file with settings (same names as the flags)")
+    for f in fields(ServerConfig):
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
+                            help=f"default: {f.default}")
+
+
+def load_config(args: argparse.Namespace | None = None,
+                environ: dict[str, str] | None = None) -> ServerConfig:
+    env = os.environ if environ is None else environ
+    types = _types()
+    values: dict[str, Any] = {}
+    path = getattr(args, "config", None) if args is not None else None
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path}: {exc}") from exc
+        data = data.get("server", data)
+        for k, v in data.items():
+            key = k.replace("-", "_")
+            if key not in types:
+                raise ConfigError(f"config file {path}: unknown setting {k!r}")
+            values[key] = _coerce(key, types[key], v)
+    for key, typ in types.items():
+        raw = env.get("DCP_" + key.upper())
+        if raw is not None:
+            values[key] = _coerce(key, typ, raw)
+    if args is not None:
+        for key, typ in types.items():
+            raw = getattr(args, key, None)
+            if raw is not None:
+                values[key] = _coerce(key, typ, raw)
+    return ServerConfig(**values).validate()

@@ -1,0 +1,249 @@
+"""DCP requests from a client: OPEN, CONTROL, STREAM_REQ, CLOSE_STREAM, GET_FAILOVER_LOG,
+BUFFER_ACK, and the client's responses (NOOP replies).
+
+Rules of this module:
+- Every DCP request except DCP_OPEN needs an open producer connection first (EINVAL).
+- The stream-request decision is the engine's pure ``decide_stream_request``; this
+  module only turns it into a response and an ``ActiveStream``. The stream's cursor is
+  registered before the OK response is queued (so memory it needs is pinned), but it
+  writes nothing until that response has left (``Connection.announce_stream``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from ..protocol import codec
+from ..protocol.errors import RemoteProtocolError
+from ..protocol.frames import Frame
+from ..protocol.opcodes import DcpOpenFlag, Opcode, Status, StreamEndStatus
+from .active_stream import ActiveStream, StreamOptions
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+__all__ = ["DCP_HANDLERS", "handle_response"]
+
+log = logging.getLogger("dcp.producer")
+
+_TRUE = {"true": True, "false": False}
+
+
+def _require_open(conn: Connection, f: Frame) -> bool:
+    if conn.dcp_name is None:
+        conn.error(f.opcode, Status.EINVAL, f.opaque, "send DCP_OPEN (producer) first")
+        return False
+    return True
+
+
+def dcp_open(conn: Connection, f: Frame) -> None:
+    name, flags = codec.parse_open(f)
+    if conn.dcp_name is not None:
+        conn.error(f.opcode, Status.EINVAL, f.opaque, "connection is already a DCP connection")
+        return
+    if flags & DcpOpenFlag.NOTIFIER:
+        conn.error(f.opcode, Status.EINVAL, f.opaque, "notifier connections no longer exist")
+        return
+    if not flags & DcpOpenFlag.PRODUCER:
+        conn.error(f.opcode, Status.NOT_SUPPORTED, f.opaque,
+                   "consumer DCP connections are not supported; set the producer flag 0x1")
+        return
+    if flags & DcpOpenFlag.NO_VALUE and flags & DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE:
+        conn.error(f.opcode, Status.EINVAL, f.opaque, "open flags 0x8 and 0x40 are exclusive")
+        return
+    conn.dcp_name = name.decode("utf-8", "replace")
+    conn.dcp_flags = flags
+    conn.options = StreamOptions(
+        no_value=bool(flags & (DcpOpenFlag.NO_VALUE
+                               | DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE)),
+        include_delete_times=bool(flags & DcpOpenFlag.INCLUDE_DELETE_TIMES),
+    )
+    conn.cursor_dropping = "replication" not in conn.dcp_name
+    conn.server.register_dcp_name(conn)
+    log.info("dcp open id=%d name=%s flags=0x%x", conn.id, conn.dcp_name, flags)
+    conn.respond(codec.response(Opcode.DCP_OPEN, opaque=f.opaque))
+
+
+def control(conn: Connection, f: Frame) -> None:
+    if not _require_open(conn, f):
+        return
+    key = bytes(f.key).decode("utf-8", "replace")
+    raw = bytes(f.value).decode("utf-8", "replace").strip()
+    val = raw.lower()
+
+    def bad(why: str, status: int = Status.EINVAL) -> None:
+        conn.error(f.opcode, status, f.opaque, f"{key}={raw!r}: {why}")
+
+    if key == "enable_noop":
+        if val not in _TRUE:
+            return bad("expected true or false")
+        conn.noop_enabled = _TRUE[val]
+    elif key == "set_noop_interval":
+        try:
+            secs = float(raw)
+        except ValueError:
+            return bad("expected seconds")
+        if not 0.1 <= secs <= 10800:
+            return bad("interval must be 0.1..10800 seconds")
+        conn.noop_interval = secs
+    elif key == "connection_buffer_size":
+        if not raw.isdigit() or int(raw) > 0xFFFFFFFF:
+            return bad("expected a byte count (uint32)")
+        conn.buffer_log.set_window(int(raw))
+        conn.wake()
+    elif key in ("supports_cursor_dropping", "supports_cursor_dropping_vulcan"):
+        if val not in _TRUE:
+            return bad("expected true or false")
+        conn.cursor_dropping = _TRUE[val]
+    elif key == "send_stream_end_on_client_close_stream":
+        if val != "true":
+            return bad("can only be turned on")
+        conn.stream_end_on_close = True
+    elif key == "enable_expiry_opcode":
+        if val != "true":
+            return bad("can only be turned on")
+        conn.options.expiry_opcode = True
+    elif key == "change_streams":
+        if val != "true":
+            return bad("can only be turned on")
+        if not conn.server.history_enabled:
+            return bad("the server keeps no history (history_seconds/history_bytes are 0)",
+                       Status.NOT_SUPPORTED)
+        conn.change_streams = True
+    elif key == "set_priority":
+        if val not in ("high", "medium", "low"):
+            return bad("expected high, medium or low")
+    elif key == "stream_buffer_size":
+        return bad("per-stream flow control is not supported", Status.NOT_SUPPORTED)
+    else:
+        return bad("unknown control key")
+    conn.respond(codec.response(Opcode.DCP_CONTROL, opaque=f.opaque))
+
+
+def _client_purge_seqno(value: bytes) -> int:
+    if not value:
+        return 0
+    try:
+        obj = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RemoteProtocolError(f"DCP_STREAM_REQ value is not JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise RemoteProtocolError("DCP_STREAM_REQ value must be a JSON object")
+    raw = obj.get("purge_seqno", "0")
+    try:
+        return int(raw)
+    except (TypeError, ValueError) as exc:
+        raise RemoteProtocolError(f"purge_seqno {raw!r} is not a decimal string") from exc
+
+
+def stream_req(conn: Connection, f: Frame) -> None:
+    if not _require_open(conn, f):
+        return
+    from .engine import DecisionKind, decide_stream_request
+
+    req = codec.parse_stream_request(f)
+    server = conn.server
+    bucket = server.bucket
+    vbid = req.vbucket
+    if vbid >= bucket.num_vbuckets:
+        conn.error(f.opcode, Status.NOT_MY_VBUCKET, f.opaque, f"no vbucket {vbid}")
+        return
+    existing = conn.streams.get(vbid)
+    if existing is not None and not existing.is_dead:
+        conn.error(f.opcode, Status.KEY_EEXISTS, f.opaque, f"a stream for vb {vbid} is open")
+        return
+    vb = bucket.vbucket(vbid)
+    decision = decide_stream_request(
+        failover_log=list(vb.failover_log.entries), high_seqno=vb.high_seqno,
+        purge_seqno=vb.purge_seqno, persisted_seqno=vb.persisted_seqno, vb_state=vb.state,
+        start=req.start_seqno, end=req.end_seqno, vb_uuid=req.vb_uuid,
+        snap_start=req.snap_start_seqno, snap_end=req.snap_end_seqno, flags=req.flags,
+        client_purge_seqno=_client_purge_seqno(req.value),
+    )
+    if decision.kind is DecisionKind.ROLLBACK:
+        log.info("stream request name=%s vb=%d start=%d uuid=%d snap=[%d,%d] -> rollback to %d "
+                 "(%s)", conn.dcp_name, vbid, req.start_seqno, req.vb_uuid,
+                 req.snap_start_seqno, req.snap_end_seqno, decision.rollback_seqno,
+                 decision.reason)
+        server.metrics.rollbacks += 1
+        conn.respond(codec.response(Opcode.DCP_STREAM_REQ, Status.ROLLBACK, opaque=f.opaque,
+                                    value=codec.U64.pack(decision.rollback_seqno)))
+        return
+    if decision.kind is not DecisionKind.ACCEPT:
+        log.info("stream request name=%s vb=%d start=%d end=%d -> %s (%s)", conn.dcp_name,
+                 vbid, req.start_seqno, req.end_seqno, Status(decision.status).name,
+                 decision.reason)
+        conn.error(f.opcode, decision.status, f.opaque, decision.reason)
+        return
+    if decision.end < vb.high_seqno or (decision.end == vb.high_seqno and decision.end):
+        # A finite stream ends on a boundary that later writes can no longer dedup into.
+        vb.checkpoints.create_checkpoint()
+    stream = ActiveStream(
+        name=f"{conn.dcp_name}:{vbid}:{f.opaque}", vbucket=vb, opaque=f.opaque,
+        start_seqno=decision.start, end_seqno=decision.end, options=conn.options,
+        history=conn.change_streams, on_backfill=server.start_backfill,
+    )
+    conn.respond(codec.response(Opcode.DCP_STREAM_REQ, opaque=f.opaque,
+                                value=codec.failover_log_value(list(vb.failover_log.entries))))
+    conn.streams[vbid] = stream
+    server.register_stream(conn, stream)
+    log.info("stream request name=%s vb=%d start=%d end=%d uuid=%d -> accepted", conn.dcp_name,
+             vbid, decision.start, decision.end, decision.vb_uuid)
+    stream.activate()
+    conn.announce_stream(stream)
+
+
+def close_stream(conn: Connection, f: Frame) -> None:
+    if not _require_open(conn, f):
+        return
+    stream = conn.streams.get(f.vbucket)
+    if stream is None or stream.is_dead or stream.end_status is not None:
+        conn.error(f.opcode, Status.KEY_ENOENT, f.opaque, f"no stream for vb {f.vbucket}")
+        return
+    conn.respond(codec.response(Opcode.DCP_CLOSE_STREAM, opaque=f.opaque))
+    if conn.stream_end_on_close:
+        stream.set_end(StreamEndStatus.CLOSED)
+        conn.mark_ready(stream)
+    else:
+        stream.release()
+        conn._stream_finished(stream)
+
+
+def get_failover_log(conn: Connection, f: Frame) -> None:
+    bucket = conn.server.bucket
+    if f.vbucket >= bucket.num_vbuckets:
+        conn.error(f.opcode, Status.NOT_MY_VBUCKET, f.opaque, f"no vbucket {f.vbucket}")
+        return
+    entries = list(bucket.vbucket(f.vbucket).failover_log.entries)
+    conn.respond(codec.response(Opcode.DCP_GET_FAILOVER_LOG, opaque=f.opaque,
+                                value=codec.failover_log_value(entries)))
+
+
+def buffer_ack(conn: Connection, f: Frame) -> None:
+    if not _require_open(conn, f):
+        return
+    conn.buffer_log.ack(codec.parse_buffer_ack(f))
+    conn.wake()
+
+
+def handle_response(conn: Connection, f: Frame) -> None:
+    """A client's response to something we sent (noops; data messages only on error)."""
+    if f.opcode == Opcode.DCP_NOOP:
+        conn.noop_pending = False
+        return
+    if f.status != Status.SUCCESS and Opcode.DCP_STREAM_END <= f.opcode <= Opcode.DCP_EXPIRATION:
+        log.warning("client id=%d name=%s answered opcode 0x%02x with status 0x%02x; closing",
+                    conn.id, conn.dcp_name, f.opcode, f.status)
+        conn.close(f"client rejected opcode 0x{f.opcode:02x}")
+
+
+DCP_HANDLERS = {
+    Opcode.DCP_OPEN: dcp_open,
+    Opcode.DCP_CONTROL: control,
+    Opcode.DCP_STREAM_REQ: stream_req,
+    Opcode.DCP_CLOSE_STREAM: close_stream,
+    Opcode.DCP_GET_FAILOVER_LOG: get_failover_log,
+    Opcode.DCP_BUFFER_ACK: buffer_ack,
+}

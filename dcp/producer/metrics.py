@@ -1,0 +1,148 @@
+"""Server counters, kept as plain ints on the hot path and exported on scrape.
+
+Rules of this module:
+- Incrementing a counter is an attribute add: no locks, no prometheus objects per
+  operation. ``MetricsCollector.collect`` turns the ints and the server's live state into
+  Prometheus metric families only when someone scrapes.
+- The HTTP endpoint is a tiny trio server (``serve_metrics``) in the server's nursery:
+  ``GET /metrics`` only; anything else gets 404. No thread is started.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..protocol.opcodes import Opcode
+
+if TYPE_CHECKING:
+    from .server import DcpServer
+
+__all__ = ["MetricsCollector", "ServerMetrics", "serve_metrics"]
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.ops: Counter[int] = Counter()
+        self.bytes_out = 0
+        self.rollbacks = 0
+        self.backfills_started = 0
+        self.backfills_completed = 0
+        self.flushes = 0
+        self.flush_errors = 0
+        self.items_persisted = 0
+        self.connections_total = 0
+
+    def op(self, opcode: int) -> None:
+        self.ops[opcode] += 1
+
+    def bytes_sent(self, n: int) -> None:
+        self.bytes_out += n
+
+
+def _opname(op: int) -> str:
+    try:
+        return Opcode(op).name.lower()
+    except ValueError:
+        return f"0x{op:02x}"
+
+
+class MetricsCollector:
+    """A prometheus_client collector reading a live ``DcpServer``."""
+
+    def __init__(self, server: DcpServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.server
+        m = s.metrics
+        ops = CounterMetricFamily("dcp_ops", "KV operations served, by opcode", labels=["op"])
+        for op, n in sorted(m.ops.items()):
+            ops.add_metric([_opname(op)], n)
+        yield ops
+        yield CounterMetricFamily("dcp_bytes_sent", "Bytes written to clients", value=m.bytes_out)
+        yield CounterMetricFamily("dcp_rollbacks_answered", "Stream requests answered ROLLBACK",
+                                  value=m.rollbacks)
+        yield CounterMetricFamily("dcp_backfills_started", "Disk backfills started",
+                                  value=m.backfills_started)
+        yield CounterMetricFamily("dcp_backfills_completed", "Disk backfills completed",
+                                  value=m.backfills_completed)
+        yield CounterMetricFamily("dcp_flushes", "Flusher transactions committed",
+                                  value=m.flushes)
+        yield CounterMetricFamily("dcp_flush_errors", "Flusher transactions that failed",
+                                  value=m.flush_errors)
+        yield CounterMetricFamily("dcp_connections_accepted", "Connections accepted",
+                                  value=m.connections_total)
+        if s.bucket is None:
+            return
+        b = s.bucket
+        yield GaugeMetricFamily("dcp_connections", "Open connections", value=len(s.connections))
+        yield GaugeMetricFamily("dcp_checkpoint_memory_bytes", "Checkpoint memory in use",
+                                value=b.checkpoint_memory())
+        yield GaugeMetricFamily("dcp_checkpoint_memory_quota_bytes", "Checkpoint memory quota",
+                                value=b.checkpoint_memory_quota)
+        yield GaugeMetricFamily("dcp_flusher_queue_items", "Items waiting to be persisted",
+                                value=b.flusher.pending_items())
+        high = persisted = 0
+        for vb in range(b.num_vbuckets):
+            v = b.vbucket(vb)
+            high += v.high_seqno
+            persisted += v.persisted_seqno
+        yield CounterMetricFamily("dcp_items_queued", "Items queued (sum of high seqnos)",
+                                  value=high)
+        yield CounterMetricFamily("dcp_items_persisted", "Items persisted (sum of persisted "
+                                  "seqnos)", value=persisted)
+        yield GaugeMetricFamily("dcp_flusher_lag_items", "Queued minus persisted seqnos",
+                                value=high - persisted)
+        phases = GaugeMetricFamily("dcp_streams", "Open streams by phase", labels=["phase"])
+        counts: Counter[str] = Counter(st.state.value for st in s.streams())
+        for phase in ("pending", "backfilling", "in-memory", "dead"):
+            phases.add_metric([phase], counts.get(phase, 0))
+        yield phases
+        yield CounterMetricFamily("dcp_cursors_dropped", "Stream cursors dropped for memory",
+                                  value=sum(st.cursor_drops for st in s.streams()))
+
+
+def render(server: DcpServer) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MetricsCollector(server))  # type: ignore[arg-type]
+    return generate_latest(registry)
+
+
+async def _handle(server: DcpServer, stream: Any) -> None:
+    try:
+        with trio.move_on_after(5):
+            data = b""
+            while b"\r\n\r\n" not in data and len(data) < 8192:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    return
+                data += chunk
+            line = data.split(b"\r\n", 1)[0].split()
+            if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
+                body = render(server)
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+            else:
+                body = b"not found\n"
+                head = (b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n"
+                        b"Connection: close\r\n\r\n" % len(body))
+            await stream.send_all(head + body)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def serve_metrics(server: DcpServer, port: int, *,
+                        task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``GET /metrics`` on ``port`` (0 = ephemeral; the bound port is reported)."""
+    listeners = await trio.open_tcp_listeners(port, host=server.config.host)
+    server.metrics_port = listeners[0].socket.getsockname()[1]
+    task_status.started(server.metrics_port)
+    await trio.serve_listeners(lambda st: _handle(server, st), listeners)

@@ -1,0 +1,195 @@
+"""Long-running server loops: flusher, backfill, expiry pager, compaction, housekeeping.
+
+Rules of this module:
+- Each loop is started in the server's background nursery and runs until cancelled.
+- Storage writes (flush, compaction) hold ``server._storage_lock`` so there is exactly one
+  writer. A write and the engine bookkeeping that follows it are shielded from
+  cancellation together: a batch is either written *and* completed, or neither.
+- Blocking LMDB work runs in ``trio.to_thread.run_sync`` in bounded chunks; the engine's
+  in-memory state is touched only between awaits, on the trio thread.
+- Storage failures never crash the server: writes get ETMPFAIL meanwhile
+  (``server.storage_error``), the flusher retries with backoff, items stay queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..protocol.opcodes import StreamEndStatus
+
+if TYPE_CHECKING:
+    from .active_stream import ActiveStream
+    from .server import DcpServer
+
+__all__ = ["flush_once", "run_backfill", "run_compaction", "run_expiry", "run_flusher",
+           "run_housekeeping"]
+
+log = logging.getLogger("dcp.tasks")
+_BACKFILL_CHUNK = 4096
+
+
+async def flush_once(server: DcpServer, *, respect_pause: bool = False) -> bool:
+    """Write one batch. Returns False when nothing was queued (or, with ``respect_pause``,
+    when persistence is paused: checked under the storage lock, so a pause takes effect
+    even for a flusher that was already waiting for the lock).
+
+    Raises:
+        StorageError: the batch could not be written (it stays queued).
+    """
+    from .engine import StorageError
+
+    bucket = server.bucket
+    flusher = bucket.flusher
+    with trio.CancelScope(shield=True):
+        async with server._storage_lock:
+            if respect_pause and server.persistence_paused:
+                return False
+            batch = flusher.collect(server.config.flush_batch_items)
+            if batch is None:
+                return False
+            try:
+                await trio.to_thread.run_sync(bucket.storage.write_batch, batch)
+            except StorageError as exc:
+                flusher.failed(batch, exc)
+                raise
+            advanced = flusher.complete(batch)
+    server.metrics.flushes += 1
+    if server.storage_error:
+        log.info("storage recovered: flushing again")
+        server.storage_error = None
+    if advanced:
+        for conn in list(server.connections):
+            if conn.has_pending_durable():
+                conn.wake()
+    return True
+
+
+async def run_flusher(server: DcpServer) -> None:
+    from .engine import StorageError
+
+    backoff = 0.05
+    while True:
+        if server.persistence_paused:
+            server._flush_event = trio.Event()
+            await server._flush_event.wait()
+            continue
+        try:
+            progressed = await flush_once(server, respect_pause=True)
+        except StorageError as exc:
+            if server.storage_error != str(exc):
+                log.error("flusher error: %s (writes get ETMPFAIL until it clears)", exc)
+            server.storage_error = str(exc)
+            server.metrics.flush_errors += 1
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+            continue
+        backoff = 0.05
+        if not progressed:
+            server._flush_event = trio.Event()
+            with trio.move_on_after(0.5):
+                await server._flush_event.wait()
+
+
+async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
+    """Read ``(stream.backfill_from, P]`` from disk as one disk snapshot, in chunks, pausing
+    while the stream has ``backfill_buffer_bytes`` waiting for the socket."""
+    from .engine import StorageError
+
+    conn = stream.conn  # type: ignore[attr-defined]
+    storage = server.bucket.storage
+    limit = server.config.backfill_buffer_bytes
+    from_seqno = stream.backfill_from
+    assert from_seqno is not None
+    server.metrics.backfills_started += 1
+    scan = None
+    sent = 0
+    try:
+        async with server._backfill_limiter:
+            if stream.is_dead:
+                return
+            scan = await trio.to_thread.run_sync(storage.open_backfill, stream.vbid, from_seqno)
+            end = scan.end_seqno
+            stream.history = bool(stream.history and scan.history)
+            log.info("backfill start name=%s vb=%d from=%d disk_end=%d", stream.name,
+                     stream.vbid, from_seqno, end)
+            first = True
+            while stream.end_status is None and not stream.is_dead:
+                while stream.backfill_bytes > limit and stream.end_status is None:
+                    await trio.sleep(0.002)
+                items = await trio.to_thread.run_sync(scan.read, _BACKFILL_CHUNK)
+                if stream.end_status is not None or stream.is_dead:
+                    break
+                if first:
+                    first = False
+                    if items:
+                        stream.push_backfill_marker(items[0].seqno, end)
+                if not items:
+                    break
+                nbytes = 55 * len(items) + sum(len(it.key) + len(it.value) for it in items)
+                stream.push_backfill_items(items, nbytes)
+                sent += len(items)
+                conn.mark_ready(stream)
+                if items[-1].seqno >= stream.end_seqno:
+                    break
+            else:
+                return
+            if stream.end_status is None:
+                stream.push_backfill_done(end)
+                conn.mark_ready(stream)
+            log.info("backfill end name=%s vb=%d items=%d disk_end=%d", stream.name,
+                     stream.vbid, sent, end)
+            server.metrics.backfills_completed += 1
+    except StorageError as exc:
+        log.error("backfill failed name=%s vb=%d: %s", stream.name, stream.vbid, exc)
+        stream.set_end(StreamEndStatus.BACKFILL_FAIL)
+        conn.mark_ready(stream)
+    finally:
+        if scan is not None:
+            scan.close()
+
+
+async def run_expiry(server: DcpServer) -> None:
+    while True:
+        await trio.sleep(server.config.expiry_interval)
+        n = server.bucket.expire(server.clock())
+        if n:
+            log.info("expiry pager expired=%d", n)
+            server.wake_dirty()
+
+
+async def run_compaction(server: DcpServer) -> None:
+    """Purge tombstones older than the purge age (raises purge seqnos)."""
+    while True:
+        await trio.sleep(server.config.compaction_interval)
+        await compact_now(server)
+
+
+async def compact_now(server: DcpServer) -> int:
+    from .engine import StorageError
+
+    bucket = server.bucket
+    try:
+        with trio.CancelScope(shield=True):
+            async with server._storage_lock:
+                job = bucket.storage.prepare_compaction(bucket, server.clock())
+                result = await trio.to_thread.run_sync(bucket.storage.run_compaction, job)
+                purged = bucket.storage.complete_compaction(bucket, job, result)
+    except StorageError as exc:
+        log.error("compaction failed: %s", exc)
+        return 0
+    if purged:
+        log.info("compaction purged=%d tombstones", purged)
+    return purged
+
+
+async def run_housekeeping(server: DcpServer) -> None:
+    """Wake streams whose cursors were dropped, so they switch to backfill promptly."""
+    while True:
+        await trio.sleep(0.05)
+        for stream in server.streams():
+            cursor = stream.cursor
+            if cursor is not None and cursor.dropped:
+                stream.conn.mark_ready(stream)  # type: ignore[attr-defined]

@@ -1,0 +1,171 @@
+"""DCP streaming end to end: a real server on an ephemeral port, a raw-wire client."""
+
+from __future__ import annotations
+
+import trio
+
+from dcp.protocol import Opcode, SnapshotMarkerFlag, Status, StreamEndStatus, codec
+
+from .conftest import client_of, running_server
+from .wire import WireClient, items_of, keys_for_vb, markers_of
+
+
+def is_end(f) -> bool:  # type: ignore[no-untyped-def]
+    return f.opcode == Opcode.DCP_STREAM_END
+
+
+async def test_stream_from_zero_delivers_every_write_in_seqno_order(server, client) -> None:
+    keys = keys_for_vb(1, 20, 4)
+    for i, k in enumerate(keys):
+        await client.set(k, b"v%d" % i)
+    await client.dcp_open("t-zero")
+    r = await client.stream_req(1, end=20)
+    assert r.status == Status.SUCCESS
+    log = codec.parse_failover_log(r.value)
+    assert len(log) == 1 and log[0][1] == 0 and log[0][0] != 0
+    frames = await client.read_stream_until(is_end)
+    items = items_of(frames)
+    assert [s for _, s, _, _ in items] == list(range(1, 21))
+    assert [k for _, _, k, _ in items] == keys
+    assert codec.parse_stream_end(frames[-1]) == StreamEndStatus.OK
+    m = markers_of(frames)
+    assert m[0][0] == 1 and m[-1][1] == 20
+    assert all(flags & SnapshotMarkerFlag.MEMORY for _, _, flags in m)
+
+
+async def test_seed_dedup_example_over_the_wire_is_one_snapshot_2_to_3(server, client) -> None:
+    a, b = keys_for_vb(0, 2, 4)
+    await client.set(a, b"A1")
+    await client.set(b, b"B")
+    await client.set(a, b"A2")
+    await client.dcp_open("t-dedup")
+    assert (await client.stream_req(0, end=3)).status == Status.SUCCESS
+    frames = await client.read_stream_until(is_end)
+    assert [(s, e) for s, e, _ in markers_of(frames)] == [(2, 3)]
+    assert items_of(frames) == [(Opcode.DCP_MUTATION, 2, b, b"B"),
+                                (Opcode.DCP_MUTATION, 3, a, b"A2")]
+
+
+async def test_every_message_of_a_stream_echoes_its_opaque(server, client) -> None:
+    for k in keys_for_vb(2, 5, 4):
+        await client.set(k, b"x")
+    await client.dcp_open("t-opaque")
+    await client.stream_req(2, end=5, opaque=0xCAFE)
+    frames = await client.read_stream_until(is_end)
+    assert frames and all(f.opaque == 0xCAFE and f.vbucket == 2 for f in frames)
+
+
+async def test_stream_from_a_mid_point_sends_only_later_seqnos(server, client) -> None:
+    keys = keys_for_vb(3, 10, 4)
+    for k in keys:
+        await client.set(k, b"x")
+    await client.dcp_open("t-mid")
+    r = await client.stream_req(3, end=2**64 - 1)
+    uuid = codec.parse_failover_log(r.value)[0][0]
+    await client.read_stream_until(lambda f: items_of([f])[-1:] and items_of([f])[0][1] == 10)
+    c2 = await WireClient.connect(server.port, 4)
+    try:
+        await c2.dcp_open("t-mid-2")
+        r = await c2.stream_req(3, start=6, uuid=uuid, end=10)
+        assert r.status == Status.SUCCESS
+        frames = await c2.read_stream_until(is_end)
+        assert [s for _, s, _, _ in items_of(frames)] == [7, 8, 9, 10]
+    finally:
+        await c2.aclose()
+
+
+async def test_live_stream_is_refused_with_key_exists_and_bad_requests_get_errors(
+        server, client) -> None:
+    await client.dcp_open("t-errors")
+    assert (await client.stream_req(0)).status == Status.SUCCESS
+    assert (await client.stream_req(0)).status == Status.KEY_EEXISTS
+    assert (await client.stream_req(99)).status == Status.NOT_MY_VBUCKET
+    # start beyond the high seqno
+    assert (await client.stream_req(1, start=5, uuid=0)).status in (Status.ERANGE,
+                                                                    Status.ROLLBACK)
+    # snap_start > start
+    assert (await client.stream_req(2, start=0, snap_start=3, snap_end=4)).status == Status.ERANGE
+
+
+async def test_unknown_vbucket_uuid_is_told_to_roll_back_to_zero(server, client) -> None:
+    for k in keys_for_vb(0, 3, 4):
+        await client.set(k, b"x")
+    await client.dcp_open("t-uuid")
+    r = await client.stream_req(0, start=2, uuid=0x1234, snap_start=2, snap_end=2)
+    assert r.status == Status.ROLLBACK
+    assert codec.U64.unpack(r.value)[0] == 0
+
+
+async def test_backfill_then_memory_hand_over_has_no_gap_or_duplicate(tmp_path) -> None:
+    async with running_server(tmp_path / "d", checkpoint_max_items=10) as server:
+        async with client_of(server) as c:
+            keys = keys_for_vb(1, 60, 4)
+            await c.set_many([(k, b"old") for k in keys[:51]])
+            await server.flush_all()
+            # Closed, persisted checkpoints are freed: memory no longer starts at seqno 1.
+            with trio.fail_after(5):
+                while server.bucket.vbucket(1).checkpoints.stats().get("num_checkpoints", 99) > 2:
+                    await c.set(keys[50], b"tick")
+                    await server.flush_all()
+            high_before = server.bucket.vbucket(1).high_seqno
+            await c.dcp_open("t-backfill")
+            r = await c.stream_req(1)
+            assert r.status == Status.SUCCESS
+            frames = await c.read_stream_until(
+                lambda f: bool(items_of([f])) and items_of([f])[0][1] == high_before)
+            for k in keys[51:]:
+                await c.set(k, b"new")
+            high = server.bucket.vbucket(1).high_seqno
+            frames += await c.read_stream_until(
+                lambda f: bool(items_of([f])) and items_of([f])[0][1] == high)
+            markers = markers_of(frames)
+            assert markers[0][2] & SnapshotMarkerFlag.DISK
+            assert any(m[2] & SnapshotMarkerFlag.MEMORY for m in markers[1:])
+            seqnos = [s for _, s, _, _ in items_of(frames)]
+            assert seqnos == sorted(set(seqnos)), "duplicate or out-of-order seqno"
+            got = {k: v for _, _, k, v in items_of(frames)}
+            assert set(got) == set(keys)
+            assert all(got[k] == b"new" for k in keys[51:])
+
+
+async def test_close_stream_with_stream_end_enabled_sends_closed(server, client) -> None:
+    await client.dcp_open("t-close")
+    assert (await client.control("send_stream_end_on_client_close_stream", "true")).status == 0
+    await client.stream_req(0)
+    op = next(client.opaques)
+    r = await client.call(codec.request(Opcode.DCP_CLOSE_STREAM, vbucket=0, opaque=op), op)
+    assert r.status == Status.SUCCESS
+    frames = await client.read_stream_until(is_end)
+    assert codec.parse_stream_end(frames[-1]) == StreamEndStatus.CLOSED
+    op = next(client.opaques)
+    r = await client.call(codec.request(Opcode.DCP_CLOSE_STREAM, vbucket=0, opaque=op), op)
+    assert r.status == Status.KEY_ENOENT
+
+
+async def test_all_1024_vbuckets_stream_on_one_connection(tmp_path) -> None:
+    async with running_server(tmp_path / "d", num_vbuckets=1024) as server:
+        async with client_of(server) as c:
+            keys = [f"key-{i}".encode() for i in range(3000)]
+            await c.set_many([(k, k) for k in keys])
+            highs = {vb: server.bucket.vbucket(vb).high_seqno for vb in range(1024)}
+            await c.dcp_open("t-1024")
+            await c.control("connection_buffer_size", str(1 << 20))
+            buf = bytearray()
+            for vb in range(1024):
+                buf += codec.stream_request(vb, 10_000 + vb, end=highs[vb])
+            await c.send(bytes(buf))
+            ended: set[int] = set()
+            got: dict[bytes, bytes] = {}
+            with trio.fail_after(30):
+                while len(ended) < 1024:
+                    f = await c.next_frame()
+                    if f.is_response:
+                        assert f.status == Status.SUCCESS, f
+                        continue
+                    await c.ack_all([f])
+                    if f.opcode == Opcode.DCP_STREAM_END:
+                        assert f.opaque == 10_000 + f.vbucket
+                        ended.add(f.vbucket)
+                    elif f.opcode == Opcode.DCP_MUTATION:
+                        got[bytes(f.key)] = bytes(f.value)
+            assert got == {k: k for k in keys}
