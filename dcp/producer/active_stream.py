@@ -58,11 +58,13 @@ _ALLOWED = {
 class StreamOptions:
     """Per-connection choices that shape every frame of its streams."""
 
-    __slots__ = ("expiry_opcode", "include_delete_times", "no_value")
+    __slots__ = ("expiry_opcode", "include_delete_times", "keep_datatype", "no_value")
 
     def __init__(self, *, no_value: bool = False, include_delete_times: bool = False,
-                 expiry_opcode: bool = False) -> None:
+                 expiry_opcode: bool = False, keep_datatype: bool = False) -> None:
         self.no_value = no_value
+        #: Open flag 0x40: the value is stripped but the datatype reports the stored one.
+        self.keep_datatype = keep_datatype
         self.include_delete_times = include_delete_times
         self.expiry_opcode = expiry_opcode
 
@@ -166,8 +168,11 @@ class ActiveStream:
     # ------------------------------------------------------------------ backfill input
 
     def push_backfill_marker(self, start: int, end: int) -> None:
+        # The marker keeps the real snapshot end even past end_seqno: a client that asked
+        # for a cut inside a (deduplicated) snapshot must be able to see that its cut is
+        # not a consistent point. Items past end_seqno are never sent.
         flags = SnapshotMarkerFlag.DISK | (SnapshotMarkerFlag.HISTORY if self.history else 0)
-        self._queue.append(_Marker(start, min(end, self.end_seqno), int(flags)))
+        self._queue.append(_Marker(start, end, int(flags)))
         self.last_read_seqno = max(self.last_read_seqno, min(end, self.end_seqno))
 
     def push_backfill_items(self, items: list[Any], nbytes: int) -> None:
@@ -250,14 +255,13 @@ class ActiveStream:
                 continue
             if items and items[0].seqno <= skip:
                 items = [it for it in items if it.seqno > skip]
-            if s_end > end:
+            if s_end > end:  # keep the real end in the marker (see push_backfill_marker)
                 items = [it for it in items if it.seqno <= end]
-                s_end = end
             if not items:
                 continue
             q.append(_Marker(items[0].seqno, s_end, int(snap.flags)))
             q.append(items)
-            self.last_read_seqno = s_end
+            self.last_read_seqno = min(s_end, end)
             if s_end >= end:
                 break
         return bool(q)
@@ -338,7 +342,8 @@ class ActiveStream:
         op = it.op
         if op == _MUT:
             return codec.mutation(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key, b"",
-                                  cas=it.cas, datatype=0 if opts.no_value else it.datatype,
+                                  cas=it.cas,
+                                  datatype=it.datatype if opts.keep_datatype else 0,
                                   flags=it.flags, expiry=it.expiry)
         if op == _EXP and opts.expiry_opcode and opts.include_delete_times:
             return codec.expiration(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,

@@ -59,6 +59,7 @@ def dcp_open(conn: Connection, f: Frame) -> None:
         no_value=bool(flags & (DcpOpenFlag.NO_VALUE
                                | DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE)),
         include_delete_times=bool(flags & DcpOpenFlag.INCLUDE_DELETE_TIMES),
+        keep_datatype=bool(flags & DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE),
     )
     conn.cursor_dropping = "replication" not in conn.dcp_name
     conn.server.register_dcp_name(conn)

@@ -197,6 +197,10 @@ def get_all_vb_seqnos(conn: Connection, f: Frame) -> None:
         v = bucket.vbucket(vb)
         state = int(v.state)
         if (want and state == want) or (not want and state != VBucketState.DEAD):
+            # Close the open checkpoint so the seqno we return is a snapshot boundary that
+            # later writes can no longer deduplicate into: planners (the Spark source) cut
+            # batches here and still get whole snapshots from memory.
+            v.checkpoints.create_checkpoint()
             pairs.append((vb, v.high_seqno))
     conn.respond(codec.response(Opcode.GET_ALL_VB_SEQNOS, opaque=f.opaque,
                                 value=codec.all_vb_seqnos_value(pairs)))

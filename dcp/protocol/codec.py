@@ -14,6 +14,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import zlib
@@ -161,6 +162,26 @@ def response(
     )
 
 
+def _out_of_range(what: str, exc: Exception) -> LocalProtocolError:
+    return LocalProtocolError(f"{what}: field out of range ({exc})")
+
+
+def _refuses_out_of_range(builder):
+    """Turn ``struct.error``/``ValueError`` of an out-of-range field into ``LocalProtocolError``.
+
+    For the cold builders only; the hot ones catch ``struct.error`` inline (no extra call).
+    """
+
+    @functools.wraps(builder)
+    def wrapper(*args, **kwargs):
+        try:
+            return builder(*args, **kwargs)
+        except (struct.error, ValueError) as exc:
+            raise _out_of_range(builder.__name__, exc) from exc
+
+    return wrapper
+
+
 def _need_extras(frame: Frame, size: int | tuple[int, ...], what: str) -> None:
     n = len(frame.extras)
     if (n != size) if isinstance(size, int) else (n not in size):
@@ -175,7 +196,10 @@ def dcp_header(
     opaque: int, cas: int,
 ) -> bytes:
     """The 24-byte request header of a producer message (magic 0x80)."""
-    return _hdr_pack(0x80, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas)
+    try:
+        return _hdr_pack(0x80, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas)
+    except struct.error as exc:
+        raise _out_of_range("dcp_header", exc) from exc
 
 
 def mutation_body(
@@ -183,20 +207,29 @@ def mutation_body(
     lock_time: int = 0,
 ) -> bytes:
     """Extras (31 B) + key + value of a DCP_MUTATION: encode once, send to many streams."""
-    return _mut_pack(by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0) + key + value
+    try:
+        return _mut_pack(by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0) + key + value
+    except struct.error as exc:
+        raise _out_of_range("mutation_body", exc) from exc
 
 
 def deletion_body(
     by_seqno: int, rev_seqno: int, key: bytes, value: bytes = b"", delete_time: int | None = None
 ) -> bytes:
     """Extras + key + value of a DCP_DELETION: V1 (18 B) or, with a delete time, V2 (21 B)."""
-    if delete_time is None:
-        return DELETION_V1_EXTRAS.pack(by_seqno, rev_seqno, 0) + key + value
-    return DELETION_V2_EXTRAS.pack(by_seqno, rev_seqno, delete_time, 0) + key + value
+    try:
+        if delete_time is None:
+            return DELETION_V1_EXTRAS.pack(by_seqno, rev_seqno, 0) + key + value
+        return DELETION_V2_EXTRAS.pack(by_seqno, rev_seqno, delete_time, 0) + key + value
+    except struct.error as exc:
+        raise _out_of_range("deletion_body", exc) from exc
 
 
 def expiration_body(by_seqno: int, rev_seqno: int, delete_time: int, key: bytes) -> bytes:
-    return EXPIRATION_EXTRAS.pack(by_seqno, rev_seqno, delete_time) + key
+    try:
+        return EXPIRATION_EXTRAS.pack(by_seqno, rev_seqno, delete_time) + key
+    except struct.error as exc:
+        raise _out_of_range("expiration_body", exc) from exc
 
 
 def mutation(
@@ -204,14 +237,14 @@ def mutation(
     cas: int = 0, datatype: int = 0, flags: int = 0, expiry: int = 0, lock_time: int = 0,
 ) -> bytes:
     kl = len(key)
-    return (
-        HDR_MUTATION.pack(
+    try:
+        head = HDR_MUTATION.pack(
             0x80, Opcode.DCP_MUTATION, kl, 31, datatype, vbucket, 31 + kl + len(value), opaque,
             cas, by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0,
         )
-        + key
-        + value
-    )
+    except struct.error as exc:
+        raise _out_of_range("mutation", exc) from exc
+    return head + key + value
 
 
 def deletion(
@@ -240,11 +273,14 @@ def snapshot_marker(
     """V1 (20 B extras) unless a max-visible/high-completed seqno is given, then V2.0."""
     if start > end:
         raise LocalProtocolError(f"snapshot start {start} > end {end}")
-    if max_visible_seqno is None and high_completed_seqno is None:
-        ext = MARKER_V1.pack(start, end, flags)
-        return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 20, 0, vbucket, 20, opaque, 0) + ext
-    val = MARKER_V2_0.pack(start, end, flags, max_visible_seqno if max_visible_seqno is not None
-                           else end, high_completed_seqno or 0)
+    try:
+        if max_visible_seqno is None and high_completed_seqno is None:
+            ext = MARKER_V1.pack(start, end, flags)
+            return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 20, 0, vbucket, 20, opaque, 0) + ext
+        val = MARKER_V2_0.pack(start, end, flags, max_visible_seqno
+                               if max_visible_seqno is not None else end, high_completed_seqno or 0)
+    except struct.error as exc:
+        raise _out_of_range("snapshot_marker", exc) from exc
     return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 1, 0, vbucket, 37, opaque, 0) + b"\x00" + val
 
 
@@ -317,6 +353,7 @@ def parse_seqno_advanced(frame: Frame) -> int:
 # --------------------------------------------------------------------------- DCP control
 
 
+@_refuses_out_of_range
 def dcp_open(name: str | bytes, flags: int, opaque: int = 0, value: bytes = b"") -> bytes:
     key = name.encode() if isinstance(name, str) else name
     if not key or len(key) > 200:
@@ -335,6 +372,8 @@ def parse_open(frame: Frame) -> tuple[bytes, int]:
 
 
 def dcp_control(key: str, value: str, opaque: int = 0) -> bytes:
+    if not key:
+        raise LocalProtocolError("DCP_CONTROL needs a setting name (key)")
     return request(Opcode.DCP_CONTROL, opaque=opaque, key=key.encode(), value=value.encode())
 
 
@@ -383,6 +422,7 @@ def parse_stream_request(frame: Frame) -> StreamRequest:
     )
 
 
+@_refuses_out_of_range
 def failover_log_value(entries: list[tuple[int, int]]) -> bytes:
     """Value of a stream-request OK / get-failover-log response: (uuid, seqno) newest first."""
     return b"".join(FAILOVER_ENTRY.pack(u, s) for u, s in entries)
@@ -394,14 +434,17 @@ def parse_failover_log(value: bytes) -> list[tuple[int, int]]:
     return [FAILOVER_ENTRY.unpack_from(value, i) for i in range(0, len(value), 16)]
 
 
+@_refuses_out_of_range
 def stream_end(vbucket: int, opaque: int, status: int) -> bytes:
     return dcp_header(Opcode.DCP_STREAM_END, 0, 4, 0, vbucket, 4, opaque, 0) + U32.pack(status)
 
 
+@_refuses_out_of_range
 def seqno_advanced(vbucket: int, opaque: int, seqno: int) -> bytes:
     return dcp_header(Opcode.DCP_SEQNO_ADVANCED, 0, 8, 0, vbucket, 8, opaque, 0) + U64.pack(seqno)
 
 
+@_refuses_out_of_range
 def all_vb_seqnos_value(pairs: list[tuple[int, int]]) -> bytes:
     return b"".join(VB_SEQNO.pack(vb, s) for vb, s in pairs)
 
@@ -415,6 +458,7 @@ def parse_all_vb_seqnos(value: bytes) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- KV
 
 
+@_refuses_out_of_range
 def store_extras(flags: int = 0, expiry: int = 0) -> bytes:
     return STORE_EXTRAS.pack(flags, expiry)
 
@@ -424,6 +468,7 @@ def parse_store_extras(frame: Frame) -> tuple[int, int]:
     return STORE_EXTRAS.unpack(frame.extras)
 
 
+@_refuses_out_of_range
 def durability_frame_info(level: int, timeout_ms: int | None = None) -> bytes:
     data = bytes([level]) if timeout_ms is None else bytes([level]) + U16.pack(timeout_ms)
     return encode_frame_infos([(FrameInfoId.DURABILITY, data)])
@@ -445,6 +490,7 @@ def parse_durability(frame: Frame) -> int:
     return DurabilityLevel.NONE
 
 
+@_refuses_out_of_range
 def stream_id_frame_info(sid: int) -> bytes:
     return encode_frame_infos([(FrameInfoId.DCP_STREAM_ID, U16.pack(sid))])
 
@@ -458,6 +504,7 @@ def parse_stream_id(frame: Frame) -> int | None:
     return None
 
 
+@_refuses_out_of_range
 def mutation_seqno_extras(vb_uuid: int, seqno: int) -> bytes:
     return MUTATION_SEQNO.pack(vb_uuid, seqno)
 
@@ -471,6 +518,7 @@ def parse_mutation_seqno(frame: Frame) -> tuple[int, int] | None:
     return None
 
 
+@_refuses_out_of_range
 def hello(agent: str, features: list[int], opaque: int = 0) -> bytes:
     return request(Opcode.HELLO, opaque=opaque, key=agent.encode(),
                    value=b"".join(U16.pack(f) for f in features))

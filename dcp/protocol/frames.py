@@ -188,6 +188,8 @@ def encode_frame_infos(infos: list[tuple[int, bytes]]) -> bytes:
     out = bytearray()
     for fid, data in infos:
         n = len(data)
+        if fid < 0:
+            raise LocalProtocolError(f"frame-info id {fid} is negative")
         if fid < 15 and n < 15:
             out.append((fid << 4) | n)
         else:
@@ -335,6 +337,10 @@ class FrameReader:
             self._need = HEADER_SIZE
         if pos >= n:
             self._buf, self._pos = b"", 0
+        elif pos:
+            # Keep only the unparsed tail (< one frame), not the consumed frames before it:
+            # retained memory stays within max_body_size + 24 plus what the next feed adds.
+            self._buf, self._pos = buf[pos:], 0
         else:
-            self._buf, self._pos = buf, pos
+            self._buf, self._pos = buf, 0
         return out

@@ -169,3 +169,32 @@ async def test_all_1024_vbuckets_stream_on_one_connection(tmp_path) -> None:
                     elif f.opcode == Opcode.DCP_MUTATION:
                         got[bytes(f.key)] = bytes(f.value)
             assert got == {k: k for k in keys}
+
+
+async def test_key_only_streams_strip_values_and_0x40_keeps_the_datatype(server, client) -> None:
+    (k,) = keys_for_vb(0, 1, 4)
+    op = next(client.opaques)
+    await client.call(codec.request(Opcode.SET, vbucket=0, opaque=op, datatype=1,
+                                    extras=codec.store_extras(7, 0), key=k, value=b'{"a":1}'), op)
+    for flag, want_dt in ((0x08, 0), (0x40, 1)):
+        async with client_of(server) as c:
+            await c.dcp_open(f"t-novalue-{flag}", flags=0x01 | flag)
+            await c.stream_req(0, end=1)
+            frames = await c.read_stream_until(is_end)
+            (m,) = [f for f in frames if f.opcode == Opcode.DCP_MUTATION]
+            assert bytes(m.key) == k and m.value == b"" and m.datatype == want_dt
+            assert codec.parse_mutation(m)[2] == 7
+
+
+async def test_a_cut_inside_a_snapshot_keeps_the_real_snapshot_end_in_the_marker(
+        server, client) -> None:
+    """Asking for end=2 of a deduplicated snapshot 2..3 must not pretend 2 is a snapshot end."""
+    a, b = keys_for_vb(0, 2, 4)
+    await client.set(a, b"A1")
+    await client.set(b, b"B")
+    await client.set(a, b"A2")
+    await client.dcp_open("t-cut")
+    await client.stream_req(0, end=2)
+    frames = await client.read_stream_until(is_end)
+    assert [(s, e) for s, e, _ in markers_of(frames)] == [(2, 3)]
+    assert [s for _, s, _, _ in items_of(frames)] == [2]
