@@ -13,9 +13,11 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 import trio
 
+from ..protocol.errors import StatusError
 from .config import ConfigError, ServerConfig, add_arguments, load_config
 
 __all__ = ["main"]
@@ -71,12 +73,28 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(cfg.log_level)
     # Many long-lived queued items: fewer, larger GC passes (research/perf-baseline.md §7).
     gc.set_threshold(100_000, 50, 100)
+    data = Path(cfg.data_dir)
+    if data.exists() and not data.is_dir():
+        print(f"dcp-server: data dir {data} exists and is not a directory", file=sys.stderr)
+        return 2
     try:
         trio.run(_serve, cfg)
-    except OSError as exc:
-        print(f"dcp-server: {exc}", file=sys.stderr)
+    except BaseException as exc:
+        leaf = _first_leaf(exc)
+        if isinstance(leaf, KeyboardInterrupt | SystemExit) or not isinstance(leaf, Exception):
+            raise
+        if not isinstance(leaf, OSError | StatusError) and type(leaf).__module__ != "lmdb":
+            raise  # a bug: keep the traceback
+        print(f"dcp-server: {cfg.data_dir}: {leaf}", file=sys.stderr)
         return 1
     return 0
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 if __name__ == "__main__":

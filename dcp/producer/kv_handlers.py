@@ -35,7 +35,6 @@ _SUPPORTED_FEATURES = {
     HelloFeature.ALT_REQUEST_SUPPORT,
     HelloFeature.TCPNODELAY,
 }
-_RELATIVE_EXPIRY_MAX = 30 * 24 * 3600  # memcached rule: larger values are absolute times
 _PERSIST_LEVELS = (DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
                    DurabilityLevel.PERSIST_TO_MAJORITY)
 
@@ -58,12 +57,6 @@ def version(conn: Connection, f: Frame) -> None:
 
 def noop(conn: Connection, f: Frame) -> None:
     conn.respond(codec.response(Opcode.NOOP, opaque=f.opaque))
-
-
-def _absolute_expiry(conn: Connection, expiry: int) -> int:
-    if 0 < expiry <= _RELATIVE_EXPIRY_MAX:
-        return int(conn.server.clock()) + expiry
-    return expiry
 
 
 def _check_key(f: Frame) -> bytes:
@@ -133,7 +126,7 @@ def store(conn: Connection, f: Frame) -> None:
     ]
     try:
         result = op(f.vbucket, key, bytes(f.value), flags=flags,
-                    expiry=_absolute_expiry(conn, expiry), cas=f.cas, datatype=f.datatype)
+                    expiry=expiry, cas=f.cas, datatype=f.datatype)  # engine: relative <= 30 d
     except StatusError as exc:
         conn.error(f.opcode, exc.status, f.opaque, str(exc))
         return
