@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import trio
 
-from dcp.protocol import DcpOpenFlag, Opcode, Status, codec
 from dcp.producer.tasks import compact_now
+from dcp.protocol import DcpOpenFlag, Opcode, Status, codec
 
 from .conftest import client_of, running_server
 from .wire import items_of, keys_for_vb

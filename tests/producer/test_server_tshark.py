@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -39,24 +40,32 @@ def capture(tmp_path: Path):  # type: ignore[no-untyped-def]
 
     def start(port: int) -> Path:
         pcap = tmp_path / "session.pcap"
+        printed = tmp_path / "tshark.out"
         err = open(tmp_path / "tshark.err", "w")
-        p = subprocess.Popen(["tshark", "-i", "lo", "-f", f"tcp port {port}", "-w", str(pcap)],
-                             stdout=subprocess.DEVNULL, stderr=err)
+        out = open(printed, "w")
+        # -P -l: also print one flushed line per packet, so we can see capture is live.
+        p = subprocess.Popen(["tshark", "-i", "lo", "-f", f"tcp port {port}", "-P", "-l",
+                              "-w", str(pcap)], stdout=out, stderr=err)
         procs.append((p, err))
+        procs.append((None, out))
+        # "Capturing on" is printed before packets are really seen: probe with empty
+        # connections (no payload, so nothing for the couchbase judgement) until one shows.
         deadline = time.monotonic() + 20
-        while "Capturing on" not in (tmp_path / "tshark.err").read_text():
+        while printed.stat().st_size == 0:
             if time.monotonic() > deadline or p.poll() is not None:
                 pytest.skip("tshark could not start capturing: "
                             + (tmp_path / "tshark.err").read_text()[-300:])
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
             time.sleep(0.05)
         return pcap
 
     yield start
-    for p, err in procs:
-        time.sleep(0.5)
-        p.send_signal(2)
-        p.wait(10)
-        err.close()
+    for p, f in procs:
+        if p is not None:
+            time.sleep(0.5)
+            p.send_signal(2)
+            p.wait(10)
+        f.close()
 
 
 async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> None:
