@@ -1,1 +1,80 @@
-"""The Python consumer SDK."""
+"""The Python consumer SDK: whole snapshots, explicit commits, explicit rollbacks.
+
+An application sees only whole snapshots (``SnapshotBatch``), can stop and restart
+anywhere without losing or repeating a committed change, and is told through a
+``RollbackEvent`` (or ``RollbackError``) whenever the server's history diverged.
+See ``docs/sdk.md``. Imports ``dcp.protocol`` and trio only.
+"""
+
+from .blocking import BlockingDcpClient, BlockingKvClient
+from .client import DcpClient
+from .errors import (
+    BatchWriteError,
+    ClientClosedError,
+    ConnectionLostError,
+    DcpClientError,
+    DeadConnectionError,
+    InvalidOffsetError,
+    KeyExists,
+    KeyNotFound,
+    NotStored,
+    RetryTimeoutError,
+    RollbackError,
+    StatusError,
+    StreamError,
+    TransientError,
+    UsageError,
+)
+from .kv import KvClient
+from .offset_store import FileOffsetStore, MemoryOffsetStore, OffsetStore
+from .rollback import RollbackPolicy
+from .structs import (
+    Deletion,
+    Expiration,
+    GetResult,
+    Mutation,
+    MutationResult,
+    Offset,
+    RollbackEvent,
+    SnapshotBatch,
+    SnapshotMarker,
+    StartFrom,
+    StreamEnd,
+)
+
+__all__ = [
+    "BatchWriteError",
+    "BlockingDcpClient",
+    "BlockingKvClient",
+    "ClientClosedError",
+    "ConnectionLostError",
+    "DcpClient",
+    "DcpClientError",
+    "DeadConnectionError",
+    "Deletion",
+    "Expiration",
+    "FileOffsetStore",
+    "GetResult",
+    "InvalidOffsetError",
+    "KeyExists",
+    "KeyNotFound",
+    "KvClient",
+    "MemoryOffsetStore",
+    "Mutation",
+    "MutationResult",
+    "NotStored",
+    "Offset",
+    "OffsetStore",
+    "RetryTimeoutError",
+    "RollbackError",
+    "RollbackEvent",
+    "RollbackPolicy",
+    "SnapshotBatch",
+    "SnapshotMarker",
+    "StartFrom",
+    "StatusError",
+    "StreamEnd",
+    "StreamError",
+    "TransientError",
+    "UsageError",
+]

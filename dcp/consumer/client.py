@@ -1,0 +1,457 @@
+"""DcpClient: the async (trio) consumer. Streams any set of vbuckets over one connection
+and hands the application whole snapshots.
+
+Rules of this module:
+- The application sees only whole snapshots (``SnapshotBatch``) and ``RollbackEvent``s,
+  in the order they completed, through ``async for`` / ``getone`` / ``getmany``. Raw
+  mode (``raw=True``) hands out events as they arrive instead (for tools).
+- Positions advance only when the application commits (``await batch.commit()`` or
+  ``await client.commit()``); delivery is at-least-once: after a reconnect or restart,
+  delivered-but-uncommitted snapshots are delivered again, never skipped.
+- Tasks live in the nursery opened by ``__aenter__`` (nothing starts in the
+  constructor). One supervisor task owns the connection: connect, handshake, stream;
+  on a transient failure it reconnects with exponential backoff (50 ms .. 5 s) and
+  gives up with ``RetryTimeoutError`` only after ``retry_timeout`` seconds without
+  progress. Fatal errors reach the application through the iterator, after the batches
+  that completed before them.
+- ``aclose()`` is idempotent and always releases the socket and tasks.
+- Usage errors (bad arguments, invalid offsets) raise ``UsageError`` subclasses from the
+  constructor or ``__aenter__`` at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import trio
+
+from dcp.protocol.errors import RemoteProtocolError, StatusError
+from dcp.protocol.frames import DEFAULT_MAX_BODY_SIZE
+
+from .config import settings
+from .connection import DcpConnection
+from .delivery import CommitPoint, Delivery, RawChunk
+from .errors import (
+    DcpClientError,
+    RetryTimeoutError,
+    TransientError,
+    UsageError,
+)
+from .offset_store import OffsetStore
+from .positions import Session
+from .rollback import RollbackPolicy
+from .structs import Offset, RollbackEvent, SnapshotBatch, StartFrom
+
+__all__ = ["DcpClient"]
+
+Connector = Callable[[], Awaitable[trio.abc.Stream]]
+_STATS_KEYS = ("bytes_received", "items", "batches", "buffer_acks", "noops", "stream_requests",
+               "stream_reopens", "stream_retries", "rollbacks", "connects", "reconnects",
+               "commits", "probes")
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, StatusError):
+        return exc.retriable
+    return isinstance(exc, (TransientError, OSError, trio.TooSlowError, trio.BrokenResourceError,
+                            trio.ClosedResourceError, RemoteProtocolError))
+
+
+class DcpClient:
+    """Async DCP consumer.
+
+    Args:
+        host, port: the server (ignored when ``connector`` is given).
+        vbuckets: vbuckets to stream; None = every vbucket the server reports.
+        start: where vbuckets without a saved or explicit offset start
+            (``StartFrom.BEGINNING`` or ``StartFrom.NOW``).
+        offsets: explicit start offsets per vbucket; they win over the offset store.
+        to_latest: stop each vbucket at the high seqno it had when the client first
+            connected; iteration ends when all are reached.
+        offset_store: where commits are saved (``FileOffsetStore``...); None = keep
+            committed positions in memory only.
+        name: DCP connection name (reusing a name makes the server drop the older
+            connection of that name).
+        raw: deliver events as they arrive instead of whole snapshots.
+        rollback_policy: ``RollbackPolicy.RESUME`` (deliver ``RollbackEvent``, resume) or
+            ``RollbackPolicy.FAIL`` (raise ``RollbackError``).
+        buffer_size: flow-control window in bytes (0 disables flow control).
+        ack_ratio: send a buffer ack when this fraction of the window is acknowledgeable.
+        noop_interval: seconds between server noops (None disables). After one interval
+            with nothing read the client sends a NOOP probe; a connection with nothing read
+            for twice this long is closed as dead and reopened.
+        connect_timeout: seconds for connect + handshake of one attempt.
+        retry_timeout: seconds of failed retries (reconnects, stream retries) before the
+            error is raised to the application.
+        include_delete_times: deletions carry their delete time (DCP_OPEN flag 0x20).
+        include_expirations: deliver expirations as ``Expiration`` events (implies
+            delete times).
+        stream_flags: extra DCP_STREAM_REQ flags (``StreamRequestFlag``).
+        receive_size: bytes per socket read.
+        max_queue_bytes: bound of the delivery queue when flow control is off.
+        connector: ``async () -> trio.abc.Stream`` replacing the TCP connect (TLS, tests).
+    """
+
+    MIN_BACKOFF = 0.05
+    MAX_BACKOFF = 5.0
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 11210, *,
+        vbuckets: Iterable[int] | None = None,
+        start: StartFrom | str = StartFrom.BEGINNING,
+        offsets: Mapping[int, Offset] | None = None,
+        to_latest: bool = False,
+        offset_store: OffsetStore | None = None,
+        name: str | None = None,
+        raw: bool = False,
+        rollback_policy: RollbackPolicy | str = RollbackPolicy.RESUME,
+        buffer_size: int = 10 * 1024 * 1024,
+        ack_ratio: float = 0.2,
+        noop_interval: float | None = 120.0,
+        connect_timeout: float = 10.0,
+        retry_timeout: float = 60.0,
+        include_delete_times: bool = False,
+        include_expirations: bool = False,
+        stream_flags: int = 0,
+        receive_size: int = 256 * 1024,
+        max_queue_bytes: int = 64 * 1024 * 1024,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        connector: Connector | None = None,
+    ) -> None:
+        cfg = settings(
+            host=host, port=port, vbuckets=vbuckets, start=start, offsets=offsets,
+            offset_store=offset_store, name=name, raw=raw, rollback_policy=rollback_policy,
+            buffer_size=buffer_size, ack_ratio=ack_ratio, noop_interval=noop_interval,
+            connect_timeout=connect_timeout, retry_timeout=retry_timeout,
+            include_delete_times=include_delete_times,
+            include_expirations=include_expirations, stream_flags=stream_flags,
+            receive_size=receive_size, max_queue_bytes=max_queue_bytes,
+            max_body_size=max_body_size, connector=connector,
+        )
+        self._cfg = cfg.connection
+        self._connector = cfg.connector
+        self._vbuckets = cfg.vbuckets
+        self._start = cfg.start
+        self._explicit = cfg.offsets
+        self._to_latest = to_latest
+        self._store = offset_store
+        self._connect_timeout = connect_timeout
+        self._retry_timeout = retry_timeout
+        self._delivery = Delivery()
+        self._session: Session | None = None
+        self._saved: dict[int, Offset] = {}
+        self._offsets: dict[int, Offset] = {}
+        self._store_lock = trio.Lock()
+        self._unsaved = False
+        self._retries: dict[int, tuple[float, int]] = {}
+        self._stats = dict.fromkeys(_STATS_KEYS, 0)
+        self._conn: DcpConnection | None = None
+        self._ready: deque[Any] = deque()  # raw mode: events of the chunk being iterated
+        self._state = "new"
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        self.started = trio.Event()  #: set once every vbucket has a resolved start position
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> DcpClient:
+        if self._state != "new":
+            raise UsageError("a DcpClient can only be entered once")
+        self._state = "running"
+        if self._store is not None:
+            self._saved = await self._store.aload()
+        self._offsets = dict(self._saved)
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery.start_soon(self._supervise)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop streaming and release the connection. Idempotent; safe when cancelled."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        self._delivery.close()
+        cm, self._nursery_cm = self._nursery_cm, None
+        if cm is not None:
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+            await cm.__aexit__(None, None, None)
+
+    def _check_usable(self) -> None:
+        if self._state == "new":
+            raise UsageError("use the client inside `async with` first")
+
+    # ------------------------------------------------------------------ iteration
+
+    def __aiter__(self) -> DcpClient:
+        return self
+
+    async def __anext__(self) -> SnapshotBatch | RollbackEvent | Any:
+        """The next snapshot batch or rollback event (raw mode: the next event).
+
+        Raises:
+            StopAsyncIteration: ``to_latest`` streams all reached their end.
+            RollbackError, StreamError, RetryTimeoutError: see the class docstring.
+            ClientClosedError: the client was closed.
+        """
+        self._check_usable()
+        return await self._next(True)
+
+    async def getone(self) -> SnapshotBatch | RollbackEvent | Any | None:
+        """Like ``__anext__`` but returns None when every stream has finished."""
+        try:
+            return await self.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def getmany(self, *, timeout: float | None = None, max_items: int = 10_000) -> list:
+        """Everything ready now (at least one item, waiting up to ``timeout`` seconds).
+
+        Returns an empty list on timeout or when every stream has finished.
+        """
+        self._check_usable()
+        out: list = []
+        try:
+            if timeout is None:
+                out.append(await self._next(True))
+            else:
+                with trio.move_on_after(timeout):
+                    out.append(await self._next(True))
+                if not out:
+                    return out
+            while len(out) < max_items:
+                item = await self._next(False)
+                if item is None:
+                    break
+                out.append(item)
+        except StopAsyncIteration:
+            pass
+        except DcpClientError:
+            if not out:
+                raise
+        return out
+
+    async def _next(self, wait: bool) -> Any:
+        delivery = self._delivery
+        if self._cfg.raw:
+            ready = self._ready
+            while True:
+                while ready:
+                    e = ready.popleft()
+                    if type(e) is CommitPoint:
+                        self._delivered(e.batch)
+                        continue
+                    if type(e) is RollbackEvent:
+                        self._delivered(e)
+                    return e
+                chunk = await delivery.get() if wait else delivery.get_nowait()
+                if chunk is None:
+                    return None
+                if type(chunk) is RawChunk:
+                    self._hand_off(chunk.fc, chunk.nbytes)
+                    ready.extend(chunk.events)
+                else:
+                    self._delivered(chunk)
+                    return chunk
+        entry = await delivery.get() if wait else delivery.get_nowait()
+        if entry is not None:
+            if type(entry) is SnapshotBatch:
+                self._stats["batches"] += 1
+                self._hand_off(entry._fc, entry.nbytes)
+                p = self._session.positions.get(entry.vbucket)  # type: ignore[union-attr]
+                if p is not None and entry._gen == p.gen and entry._epoch == p.epoch:
+                    p.tip = entry  # inline Session.delivered (per batch)
+            else:
+                self._delivered(entry)
+        return entry
+
+    def _delivered(self, item: SnapshotBatch | RollbackEvent) -> None:
+        if self._session is not None:
+            self._session.delivered(item)
+
+    def _hand_off(self, fc: Any, nbytes: int) -> None:
+        n = fc.handed(nbytes)
+        conn = self._conn
+        if n and conn is not None and conn.fc is fc and self._nursery is not None \
+                and self._state == "running":
+            self._nursery.start_soon(conn.send_ack, n)
+
+    # ------------------------------------------------------------------ commits
+
+    async def commit(
+        self, items: SnapshotBatch | RollbackEvent | Iterable[SnapshotBatch | RollbackEvent]
+        | None = None,
+    ) -> bool:
+        """Commit delivered snapshots/rollbacks and save the positions to the offset store.
+
+        With no argument, commits everything this client has handed to the application
+        (per vbucket, the last batch or rollback event). Committing a batch commits
+        everything before it on its vbucket. Items delivered before a reconnect or
+        rollback are ignored (they are, or were, delivered again).
+
+        Returns:
+            True if a committed position moved (and was saved).
+        Raises:
+            whatever the offset store raised; the positions stay committed in memory and
+            the next ``commit()`` saves them again.
+        """
+        self._check_usable()
+        session = self._session
+        if session is None:
+            return False
+        if items is None:
+            moved = session.commit_delivered()
+        elif isinstance(items, (SnapshotBatch, RollbackEvent)):
+            moved = [items.vbucket] if session.commit(items) else []
+        else:
+            moved = session.commit_many(items)
+        for vb in moved:
+            self._offsets[vb] = session[vb].committed_offset()
+        if not moved and not self._unsaved:
+            return False
+        self._stats["commits"] += 1
+        if self._store is not None:
+            self._unsaved = True  # until a save succeeds; the next commit() retries it
+            async with self._store_lock:
+                await self._store.asave(dict(self._offsets))
+                self._unsaved = False
+        return bool(moved)
+
+    def committed(self) -> dict[int, Offset]:
+        """Committed offsets (what a restart resumes from), per vbucket."""
+        return dict(self._offsets)
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def vbuckets(self) -> list[int] | None:
+        if self._session is not None:
+            return sorted(self._session.positions)
+        return self._vbuckets
+
+    @property
+    def name(self) -> str:
+        return self._cfg.name
+
+    def statistics(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self._stats)
+        out["queued_entries"] = len(self._delivery)
+        out["queued_bytes"] = self._delivery.nbytes
+        conn = self._conn
+        out["connected"] = conn is not None and conn.error is None
+        out["flow_control"] = conn.fc.statistics() if conn is not None else None
+        return out
+
+    # ------------------------------------------------------------------ supervisor
+
+    async def _supervise(self) -> None:
+        try:
+            await self._connect_loop()
+        except Exception as exc:  # a bug: still tell the application
+            self._delivery.fail(exc)
+
+    async def _connect_loop(self) -> None:
+        backoff = self.MIN_BACKOFF
+        failing_since: float | None = None
+        attempts = 0
+        while True:
+            conn_holder: list[DcpConnection] = []
+            try:
+                await self._one_connection(conn_holder)
+                self._delivery.finish()
+                return
+            except Exception as exc:
+                if not _is_transient(exc):
+                    self._delivery.fail(exc)
+                    return
+                if conn_holder and conn_holder[0].made_progress:
+                    failing_since = None
+                    attempts = 0
+                    backoff = self.MIN_BACKOFF
+                now = trio.current_time()
+                if failing_since is None:
+                    failing_since = now
+                attempts += 1
+                if now - failing_since >= self._retry_timeout:
+                    err = RetryTimeoutError("connect", attempts=attempts,
+                                            elapsed=now - failing_since, last_error=exc)
+                    err.__cause__ = exc
+                    self._delivery.fail(err)
+                    return
+                self._stats["reconnects"] += 1
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, self.MAX_BACKOFF)
+
+    async def _one_connection(self, holder: list[DcpConnection]) -> None:
+        with trio.fail_after(self._connect_timeout):
+            stream = await self._connector()
+        self._stats["connects"] += 1
+        conn = DcpConnection(stream, self._cfg, self._delivery, self.commit, self._retries,
+                             self._stats)
+        holder.append(conn)
+        self._conn = conn
+        try:
+            async with trio.open_nursery() as nursery:
+                await conn.run(nursery)
+                try:
+                    with trio.fail_after(self._connect_timeout):
+                        await conn.handshake()
+                        if self._session is None:
+                            await self._resolve(conn)
+                    assert self._session is not None
+                    conn.start_streams(self._session)
+                    await conn.finished.wait()
+                except trio.TooSlowError:
+                    conn.fail(TransientError("handshake timed out"))
+                except Exception as exc:
+                    conn.fail(exc)
+                nursery.cancel_scope.cancel()
+        finally:
+            if self._conn is conn:
+                self._conn = None
+            if conn.error is not None:
+                self._delivery.purge_connection(conn.fc)
+            await conn.aclose()
+        if conn.error is not None:
+            raise conn.error
+
+    async def _resolve(self, conn: DcpConnection) -> None:
+        """First connection: fix every vbucket's start position (and end, to_latest)."""
+        need_seqnos = (self._vbuckets is None or self._start is StartFrom.NOW
+                       or self._to_latest)
+        high: dict[int, int] = {}
+        if need_seqnos:
+            high = dict(await conn.get_all_vb_seqnos())
+        vbs = self._vbuckets if self._vbuckets is not None else sorted(high)
+        if not vbs:
+            raise UsageError("the server reported no vbuckets to stream")
+        offsets: dict[int, Offset] = {}
+        for vb in vbs:
+            if vb in self._explicit:
+                offsets[vb] = self._explicit[vb]
+            elif vb in self._saved:
+                offsets[vb] = self._saved[vb]
+        if self._start is StartFrom.NOW:
+            now_vbs = [vb for vb in vbs if vb not in offsets]
+            if now_vbs:
+                logs = await conn.get_failover_logs(now_vbs)
+                for vb in now_vbs:
+                    h = high.get(vb, 0)
+                    log = logs[vb]
+                    offsets[vb] = Offset(vb, log[0][0] if log else 0, h, h, h, log)
+        for vb in vbs:
+            if vb not in offsets:
+                offsets[vb] = Offset.beginning(vb)
+        session = Session(offsets)
+        if self._to_latest:
+            for vb, p in session.positions.items():
+                p.end_seqno = high.get(vb, 0)
+        self._session = session
+        self.started.set()
+

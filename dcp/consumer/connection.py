@@ -1,0 +1,283 @@
+"""One DCP connection: handshake, stream requests, writes. (Reading: ``reader.py``.)
+
+Rules of this module:
+- Streams are matched by opaque; one stream per vbucket per connection. Every stream
+  request gets a new opaque, so late messages of an abandoned stream are ignored
+  (their bytes still count for flow control).
+- Bootstrap (HELLO, DCP_OPEN, DCP_CONTROLs) is pipelined in one write; responses are
+  matched by opaque by the reader task. A refused control degrades gracefully: no noop
+  means no dead-connection detection, no window means no flow control.
+- Stream requests are sent by one opener task from a due-time heap (immediate opens,
+  reopens after a stream end, retries with backoff), many per write; a vbucket whose
+  start equals its end seqno 0 is done without a request.
+- Writes (stream requests, noop replies, buffer acks, from several tasks) go through
+  one lock; each wake-up writes one buffer (one ``send_all``).
+- All failures end up in ``self.error`` (first one wins) and cancel the connection's
+  nursery; the client's supervisor decides between reconnecting and failing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import trio
+
+from dcp.protocol import codec
+from dcp.protocol.errors import for_status
+from dcp.protocol.frames import Frame
+from dcp.protocol.opcodes import SEQNO_MAX, DcpOpenFlag, HelloFeature, Opcode, Status
+
+from .config import ConnectionConfig
+from .delivery import Delivery
+from .errors import ConnectionLostError
+from .flow_control import FlowControl
+from .positions import Session
+from .reader import StreamReader
+from .snapshot_buffer import StreamBuffer
+
+__all__ = ["ConnectionConfig", "DcpConnection"]
+
+HELLO_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO]
+
+
+class _Rpc:
+    __slots__ = ("error", "event", "frame")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.frame: Frame | None = None
+        self.error: BaseException | None = None
+
+
+class DcpConnection(StreamReader):
+    """A connected, (soon) handshaken DCP producer connection and its streams."""
+
+    def __init__(
+        self, stream: trio.abc.Stream, cfg: ConnectionConfig, delivery: Delivery,
+        commit_fn: Any, retries: dict[int, tuple[float, int]], stats: dict[str, int],
+    ) -> None:
+        self.cfg = cfg
+        self.session: Session | None = None
+        self.delivery = delivery
+        self._stream = stream
+        self._commit_fn = commit_fn
+        self._retries = retries  # vb -> (first failure time, attempts), shared by connections
+        self.stats = stats
+        self.fc = FlowControl(cfg.buffer_size, cfg.ack_ratio)
+        self.fc.release = self._release_held
+        #: seconds of read silence before a NOOP probe (None: no dead-connection detection)
+        self.probe_after: float | None = None
+        self.error: BaseException | None = None
+        self.finished = trio.Event()
+        self.made_progress = False
+        self._nursery: trio.Nursery | None = None
+        self._send_lock = trio.StrictFIFOLock()
+        self._opaque = 0
+        self._rpcs: dict[int, _Rpc] = {}
+        self._streams: dict[int, StreamBuffer] = {}  # by opaque
+        self._by_vb: dict[int, StreamBuffer] = {}
+        self._open_heap: list[tuple[float, int]] = []
+        self._opener_wake = trio.Event()
+        # per-chunk scratch, written by _slow
+        self._slow_snap = 0
+        self._uncounted = 0
+        self._replies: bytearray | None = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    def next_opaque(self) -> int:
+        self._opaque = (self._opaque + 1) & 0xFFFFFFFF or 1
+        return self._opaque
+
+    async def send(self, data: bytes | bytearray) -> None:
+        try:
+            async with self._send_lock:
+                await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise ConnectionLostError(f"send failed: {exc!r}") from exc
+
+    async def send_ack(self, nbytes: int) -> None:
+        """Best effort: a lost connection is noticed (and handled) by the reader."""
+        if self.error is not None or nbytes <= 0:
+            return
+        try:
+            await self.send(codec.buffer_ack(nbytes))
+            self.stats["buffer_acks"] += 1
+        except ConnectionLostError:
+            pass
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        for rpc in self._rpcs.values():
+            rpc.error = exc
+            rpc.event.set()
+        self._rpcs.clear()
+        self.fc.closed = True
+        self.finished.set()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def guarded(self, fn: Any, *args: Any) -> None:
+        try:
+            await fn(*args)
+        except Exception as exc:
+            self.fail(exc)
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        """Start the reader; the caller then handshakes and calls ``start_streams``."""
+        self._nursery = nursery
+        nursery.start_soon(self.guarded, self.read_loop)
+
+    async def call(self, requests: list[tuple[int, bytes]]) -> list[Frame]:
+        """Send pipelined requests in one write and wait for every response (by opaque)."""
+        waiters = []
+        for opaque, _ in requests:
+            w = _Rpc()
+            self._rpcs[opaque] = w
+            waiters.append(w)
+        await self.send(b"".join(data for _, data in requests))
+        out = []
+        for w in waiters:
+            await w.event.wait()
+            if w.error is not None:
+                raise w.error
+            assert w.frame is not None
+            out.append(w.frame)
+        return out
+
+    async def aclose(self) -> None:
+        self.fc.closed = True
+        await trio.aclose_forcefully(self._stream)
+
+    # ------------------------------------------------------------------ handshake
+
+    async def handshake(self) -> None:
+        cfg = self.cfg
+        flags = DcpOpenFlag.PRODUCER
+        if cfg.include_delete_times or cfg.include_expirations:
+            flags |= DcpOpenFlag.INCLUDE_DELETE_TIMES
+        controls: list[tuple[str, str]] = []
+        if cfg.noop_interval:
+            controls += [("enable_noop", "true"),
+                         ("set_noop_interval", f"{cfg.noop_interval:g}")]
+        if cfg.buffer_size:
+            controls.append(("connection_buffer_size", str(cfg.buffer_size)))
+        controls += [("supports_cursor_dropping", "true"),
+                     ("send_stream_end_on_client_close_stream", "true")]
+        if cfg.include_expirations:
+            controls.append(("enable_expiry_opcode", "true"))
+        reqs = []
+        o = self.next_opaque()
+        reqs.append((o, codec.hello(cfg.agent, [int(f) for f in HELLO_FEATURES], opaque=o)))
+        o = self.next_opaque()
+        reqs.append((o, codec.dcp_open(cfg.name, int(flags), opaque=o)))
+        for key, value in controls:
+            o = self.next_opaque()
+            reqs.append((o, codec.dcp_control(key, value, opaque=o)))
+        frames = await self.call(reqs)
+        for what, f in zip(("HELLO", "DCP_OPEN"), frames[:2], strict=True):
+            if f.status != Status.SUCCESS:
+                err = for_status(f.status, bytes(f.value), f"{what} refused")
+                if err.retriable:
+                    raise ConnectionLostError(f"{what}: {err}") from err
+                raise err
+        ok = {k: f.status == Status.SUCCESS for (k, _), f in zip(controls, frames[2:], strict=True)}
+        if cfg.noop_interval and ok["enable_noop"] and ok["set_noop_interval"]:
+            self.probe_after = cfg.noop_interval
+        if cfg.buffer_size and not ok["connection_buffer_size"]:
+            self.fc.enabled = False
+
+    async def get_all_vb_seqnos(self) -> list[tuple[int, int]]:
+        o = self.next_opaque()
+        (f,) = await self.call([(o, codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=o))])
+        if f.status != Status.SUCCESS:
+            raise for_status(f.status, bytes(f.value), "GET_ALL_VB_SEQNOS refused")
+        return codec.parse_all_vb_seqnos(bytes(f.value))
+
+    async def get_failover_logs(self, vbuckets: list[int]) -> dict[int, tuple]:
+        reqs = []
+        for vb in vbuckets:
+            o = self.next_opaque()
+            reqs.append((o, codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=vb, opaque=o)))
+        frames = await self.call(reqs)
+        out = {}
+        for vb, f in zip(vbuckets, frames, strict=True):
+            if f.status != Status.SUCCESS:
+                raise for_status(f.status, bytes(f.value), f"GET_FAILOVER_LOG vb {vb} refused")
+            out[vb] = tuple(codec.parse_failover_log(bytes(f.value)))
+        return out
+
+    # ------------------------------------------------------------------ streams
+
+    def start_streams(self, session: Session) -> None:
+        self.session = session
+        for vb in session.positions:
+            heapq.heappush(self._open_heap, (0.0, vb))
+        assert self._nursery is not None
+        self._nursery.start_soon(self.guarded, self._opener_loop)
+        self._check_all_done()
+
+    def schedule_open(self, vb: int, delay: float) -> None:
+        heapq.heappush(self._open_heap, (trio.current_time() + delay, vb))
+        self._opener_wake.set()
+
+    def _check_all_done(self) -> None:
+        if self.session is not None and self.session.all_done():
+            self.finished.set()
+
+    async def _opener_loop(self) -> None:
+        heap = self._open_heap
+        while True:
+            now = trio.current_time()
+            buf = bytearray()
+            gens: dict[int, int] = {}
+            while heap and heap[0][0] <= now and len(buf) < 256 * 1024:
+                _, vb = heapq.heappop(heap)
+                buf += self._stream_request(vb, gens)
+            if buf:
+                self.delivery.purge(gens)  # superseded batches would only be duplicates
+                await self.send(buf)
+                continue
+            self._check_all_done()
+            self._opener_wake = trio.Event()
+            timeout = heap[0][0] - now if heap else math.inf
+            with trio.move_on_after(timeout):
+                await self._opener_wake.wait()
+
+    def _stream_request(self, vb: int, gens: dict[int, int]) -> bytes:
+        session = self.session
+        assert session is not None
+        if vb in self._by_vb:
+            return b""
+        p = session[vb]
+        if p.done:
+            return b""
+        start, end, uuid, ss, se = session.request_fields(vb)
+        if end != SEQNO_MAX:
+            if start == end == 0:
+                p.done = True
+                return b""
+            if start > end:
+                end = start  # ask anyway: the server must tell us if our history diverged
+        epoch, gen = session.next_generation(vb)
+        gens[vb] = gen
+        opaque = self.next_opaque()
+        st = StreamBuffer(vb, opaque, epoch, gen, end, uuid, start)
+        self._streams[opaque] = st
+        self._by_vb[vb] = st
+        self.stats["stream_requests"] += 1
+        purge = session.purge_seqno(vb)
+        value = codec.json_value({"purge_seqno": str(purge)}) if purge else b""
+        return codec.stream_request(vb, opaque, flags=self.cfg.stream_flags, start=start,
+                                    end=end, vb_uuid=uuid, snap_start=ss, snap_end=se,
+                                    value=value)
+
+    def _release_held(self) -> int:
+        freed = 0
+        for st in self._streams.values():
+            freed += st.held
+            st.held = 0
+        return freed

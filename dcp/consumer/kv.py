@@ -1,0 +1,429 @@
+"""KvClient: writes and reads on the same port as DCP (SET/ADD/REPLACE/DELETE/GET).
+
+Rules of this module:
+- Keys are routed to ``vbucket_for_key(key, num_vbuckets)`` (reference §9); the client
+  must know the server's vbucket count (default 1024).
+- Pipelining: a batch is encoded into one buffer, written with one ``send_all``, and its
+  responses are matched by opaque (they may come back in any order). Single operations
+  are batches of one. Any number of tasks may use one client concurrently.
+- A write returns ``MutationResult`` (CAS, and vb_uuid + seqno when the server reports
+  them: HELLO MutationSeqno). ``durable=True`` sends the request with alt framing
+  (magic 0x08) and a durability frame info of level PERSIST_TO_MAJORITY: the server
+  answers only once the write is persisted. Otherwise a write is acknowledged once it
+  is in the server's memory.
+- Errors: bad arguments raise ``UsageError`` at once. NOT_MY_VBUCKET/ETMPFAIL/EBUSY/
+  ENOMEM answers are retried with backoff until ``timeout``. A lost connection is
+  reopened; GET and SET (same key, same value: safe to repeat) are then re-sent, while
+  ADD/REPLACE/DELETE and CAS writes fail with ``ConnectionLostError`` because whether
+  they were applied is unknown. Other statuses raise the protocol's ``StatusError``
+  subclasses (``KeyNotFound``, ``KeyExists``, ``NotStored``...).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import trio
+
+from dcp.protocol import codec
+from dcp.protocol.errors import for_status
+from dcp.protocol.frames import Frame, FrameReader
+from dcp.protocol.opcodes import Datatype, DurabilityLevel, HelloFeature, Opcode, Status
+
+from .errors import (
+    BatchWriteError,
+    ClientClosedError,
+    ConnectionLostError,
+    RetryTimeoutError,
+    UsageError,
+)
+from .structs import GetResult, MutationResult
+
+__all__ = ["KvClient"]
+
+Connector = Callable[[], Awaitable[trio.abc.Stream]]
+_RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
+KV_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO,
+               HelloFeature.ALT_REQUEST_SUPPORT, HelloFeature.SYNC_REPLICATION]
+
+
+class _Op:
+    __slots__ = ("data", "key", "opcode", "safe_to_repeat", "vbucket")
+
+    def __init__(self, opcode: int, key: bytes, vbucket: int, data: Callable[[int], bytes],
+                 safe_to_repeat: bool) -> None:
+        self.opcode = opcode
+        self.key = key
+        self.vbucket = vbucket
+        self.data = data  # opaque -> encoded request
+        self.safe_to_repeat = safe_to_repeat
+
+
+class _Batch:
+    __slots__ = ("event", "frames", "remaining")
+
+    def __init__(self, n: int) -> None:
+        self.frames: list[Frame | None] = [None] * n
+        self.remaining = n
+        self.event = trio.Event()
+
+
+class _KvConnection:
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.reader = FrameReader()
+        self.lock = trio.StrictFIFOLock()
+        self.waiting: dict[int, tuple[_Batch, int]] = {}
+        self.opaque = 0
+        self.error: BaseException | None = None
+        self.features: set[int] = set()
+        self.closed = trio.Event()
+
+    async def read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.stream.receive_some(256 * 1024)
+                if not data:
+                    raise ConnectionLostError("the server closed the connection")
+                self.reader.feed(data)
+                for f in self.reader.read_frames():
+                    entry = self.waiting.pop(f.opaque, None)
+                    if entry is None:
+                        continue
+                    batch, idx = entry
+                    batch.frames[idx] = f
+                    batch.remaining -= 1
+                    if batch.remaining == 0:
+                        batch.event.set()
+        except Exception as exc:
+            self.fail(exc if isinstance(exc, ConnectionLostError)
+                      else ConnectionLostError(f"connection failed: {exc!r}"))
+        finally:
+            await trio.aclose_forcefully(self.stream)
+
+    def fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        for batch, _ in self.waiting.values():
+            batch.event.set()
+        self.waiting.clear()
+        self.closed.set()
+
+    async def roundtrip(self, ops: list[_Op]) -> list[Frame | None]:
+        """One write for all ``ops``; their responses (None where the connection died)."""
+        if self.error is not None:
+            raise self.error
+        batch = _Batch(len(ops))
+        buf = bytearray()
+        for i, op in enumerate(ops):
+            self.opaque = (self.opaque + 1) & 0xFFFFFFFF or 1
+            self.waiting[self.opaque] = (batch, i)
+            buf += op.data(self.opaque)
+        try:
+            async with self.lock:
+                await self.stream.send_all(buf)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self.fail(ConnectionLostError(f"send failed: {exc!r}"))
+        await batch.event.wait()
+        return batch.frames
+
+
+def _key(key: str | bytes) -> bytes:
+    k = key.encode() if isinstance(key, str) else bytes(key)
+    if not 0 < len(k) <= 250:
+        raise UsageError(f"keys must be 1..250 bytes, got {len(k)}")
+    return k
+
+
+def _value(value: Any) -> tuple[bytes, int]:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), 0
+    if isinstance(value, str):
+        return value.encode(), 0
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":")).encode(), Datatype.JSON
+    raise UsageError(f"values must be bytes, str, dict or list, not {type(value).__name__}")
+
+
+class KvClient:
+    """Async KV client (pipelined).
+
+    Args:
+        host, port: the server (ignored when ``connector`` is given).
+        num_vbuckets: the server's vbucket count (a power of two).
+        timeout: seconds an operation (with its retries) may take.
+        connector: ``async () -> trio.abc.Stream`` replacing the TCP connect.
+    """
+
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 11210, *, num_vbuckets: int = 1024,
+        timeout: float = 10.0, connector: Connector | None = None,
+        agent: str = "dcp-kv/0.1",
+    ) -> None:
+        if connector is None:
+            if type(port) is not int or not 0 < port < 65536:
+                raise UsageError(f"port must be an int in 1..65535, not {port!r}")
+            connector = functools.partial(trio.open_tcp_stream, host, port)
+        if num_vbuckets <= 0 or num_vbuckets & (num_vbuckets - 1):
+            raise UsageError(f"num_vbuckets must be a power of two, not {num_vbuckets!r}")
+        if not timeout > 0:
+            raise UsageError("timeout must be > 0")
+        self._connector = connector
+        self.num_vbuckets = num_vbuckets
+        self.timeout = timeout
+        self._agent = agent
+        self._conn: _KvConnection | None = None
+        self._connect_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        self._state = "new"
+
+    async def __aenter__(self) -> KvClient:
+        if self._state != "new":
+            raise UsageError("a KvClient can only be entered once")
+        self._state = "running"
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        try:
+            await self._connect_with_retry()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def _connect_with_retry(self) -> None:
+        start = trio.current_time()
+        attempts = 0
+        backoff = 0.05
+        while True:
+            attempts += 1
+            left = start + self.timeout - trio.current_time()
+            try:
+                with trio.fail_after(max(left, 0.001)):
+                    await self._connection()
+                return
+            except (OSError, trio.TooSlowError, ConnectionLostError) as exc:
+                elapsed = trio.current_time() - start
+                if elapsed + backoff >= self.timeout:
+                    raise RetryTimeoutError("connect", attempts=attempts, elapsed=elapsed,
+                                            last_error=exc) from exc
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection. Idempotent."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        if self._conn is not None:
+            self._conn.fail(ClientClosedError("the client is closed"))
+        cm, self._nursery_cm = self._nursery_cm, None
+        if cm is not None:
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()
+            await cm.__aexit__(None, None, None)
+
+    def vbucket_for(self, key: str | bytes) -> int:
+        return codec.vbucket_for_key(_key(key), self.num_vbuckets)
+
+    async def _connection(self) -> _KvConnection:
+        if self._state != "running":
+            raise ClientClosedError("use the client inside `async with`, before it is closed")
+        conn = self._conn
+        if conn is not None and conn.error is None:
+            return conn
+        async with self._connect_lock:
+            conn = self._conn
+            if conn is not None and conn.error is None:
+                return conn
+            stream = await self._connector()
+            conn = _KvConnection(stream)
+            assert self._nursery is not None
+            self._nursery.start_soon(conn.read_loop)
+            (f,) = await conn.roundtrip([_Op(Opcode.HELLO, b"", 0, lambda o: codec.hello(
+                self._agent, [int(x) for x in KV_FEATURES], opaque=o), True)])
+            if f is None:
+                raise conn.error or ConnectionLostError("HELLO got no answer")
+            if f.status == Status.SUCCESS:
+                conn.features = set(codec.parse_hello_features(bytes(f.value)))
+            self._conn = conn
+            return conn
+
+    # ------------------------------------------------------------------ execution
+
+    async def _execute(self, ops: list[_Op]) -> list[Frame | BaseException]:
+        """Run ``ops`` pipelined, retrying what is retriable until ``timeout``."""
+        results: list[Frame | BaseException | None] = [None] * len(ops)
+        pending = list(range(len(ops)))
+        start = trio.current_time()
+        attempts = 0
+        backoff = 0.01
+        last: BaseException | None = None
+        while pending:
+            attempts += 1
+            retry: list[int] = []
+            try:
+                with trio.fail_after(max(0.001, start + self.timeout - trio.current_time())):
+                    conn = await self._connection()
+                    frames = await conn.roundtrip([ops[i] for i in pending])
+            except (OSError, trio.TooSlowError, ConnectionLostError) as exc:
+                last = exc
+                retry = pending
+            else:
+                for i, f in zip(pending, frames, strict=True):
+                    if f is None:
+                        err = conn.error or ConnectionLostError("connection lost")
+                        if ops[i].safe_to_repeat:
+                            last = err
+                            retry.append(i)
+                        else:
+                            results[i] = ConnectionLostError(
+                                f"connection lost before the answer to opcode "
+                                f"0x{ops[i].opcode:02x} for key {ops[i].key!r}: it may or may "
+                                f"not have been applied")
+                    elif f.status in _RETRIABLE:
+                        last = for_status(f.status, bytes(f.value))
+                        retry.append(i)
+                    else:
+                        results[i] = f
+            pending = retry
+            if pending:
+                elapsed = trio.current_time() - start
+                if elapsed >= self.timeout:
+                    err = RetryTimeoutError(f"opcode 0x{ops[pending[0]].opcode:02x}",
+                                            vbucket=ops[pending[0]].vbucket, attempts=attempts,
+                                            elapsed=elapsed, last_error=last)
+                    err.__cause__ = last
+                    for i in pending:
+                        results[i] = err
+                    break
+                await trio.sleep(min(backoff, max(0.0, self.timeout - elapsed)))
+                backoff = min(backoff * 2, 0.5)
+        return results  # type: ignore[return-value]
+
+    def _store_op(self, opcode: int, key: str | bytes, value: Any, flags: int, expiry: int,
+                  cas: int, durable: bool) -> _Op:
+        k = _key(key)
+        v, dt = _value(value)
+        vb = codec.vbucket_for_key(k, self.num_vbuckets)
+        extras = codec.store_extras(flags, expiry)
+        fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
+        return _Op(opcode, k, vb, lambda o: codec.request(
+            opcode, vbucket=vb, opaque=o, cas=cas, datatype=dt, extras=extras, key=k, value=v,
+            framing_extras=fe), opcode == Opcode.SET and cas == 0)
+
+    def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> _Op:
+        k = _key(key)
+        vb = codec.vbucket_for_key(k, self.num_vbuckets)
+        fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
+        return _Op(Opcode.DELETE, k, vb, lambda o: codec.request(
+            Opcode.DELETE, vbucket=vb, opaque=o, cas=cas, key=k, framing_extras=fe), False)
+
+    @staticmethod
+    def _mutation_result(op: _Op, r: Frame | BaseException) -> MutationResult | BaseException:
+        if isinstance(r, BaseException):
+            return r
+        if r.status != Status.SUCCESS:
+            return for_status(r.status, bytes(r.value), f"key {op.key!r}")
+        ms = codec.parse_mutation_seqno(r)
+        if ms is None:
+            return MutationResult(op.key, op.vbucket, r.cas)
+        return MutationResult(op.key, op.vbucket, r.cas, ms[0], ms[1])
+
+    async def _one_write(self, op: _Op) -> MutationResult:
+        (r,) = await self._execute([op])
+        res = self._mutation_result(op, r)
+        if isinstance(res, BaseException):
+            raise res
+        return res
+
+    # ------------------------------------------------------------------ public API
+
+    async def set(self, key: str | bytes, value: Any, *, flags: int = 0, expiry: int = 0,
+                  cas: int = 0, durable: bool = False) -> MutationResult:
+        """Create or replace ``key`` (with ``cas``: only if the CAS still matches)."""
+        return await self._one_write(
+            self._store_op(Opcode.SET, key, value, flags, expiry, cas, durable))
+
+    async def add(self, key: str | bytes, value: Any, *, flags: int = 0, expiry: int = 0,
+                  durable: bool = False) -> MutationResult:
+        """Create ``key``; raises ``KeyExists`` if it exists."""
+        return await self._one_write(
+            self._store_op(Opcode.ADD, key, value, flags, expiry, 0, durable))
+
+    async def replace(self, key: str | bytes, value: Any, *, flags: int = 0, expiry: int = 0,
+                      cas: int = 0, durable: bool = False) -> MutationResult:
+        """Replace an existing ``key``; raises ``KeyNotFound`` if it does not exist."""
+        return await self._one_write(
+            self._store_op(Opcode.REPLACE, key, value, flags, expiry, cas, durable))
+
+    async def delete(self, key: str | bytes, *, cas: int = 0,
+                     durable: bool = False) -> MutationResult:
+        """Delete ``key``; raises ``KeyNotFound`` if it does not exist."""
+        return await self._one_write(self._delete_op(key, cas, durable))
+
+    async def get(self, key: str | bytes) -> GetResult:
+        """Read ``key``; raises ``KeyNotFound`` if it does not exist."""
+        res = (await self.get_many([key], missing_ok=False))
+        return next(iter(res.values()))
+
+    async def get_many(self, keys: Iterable[str | bytes], *,
+                       missing_ok: bool = True) -> dict[bytes, GetResult]:
+        """Read many keys in one pipelined batch; missing keys are left out."""
+        ops = []
+        for key in keys:
+            k = _key(key)
+            vb = codec.vbucket_for_key(k, self.num_vbuckets)
+            ops.append(_Op(Opcode.GET, k, vb, functools.partial(_get_request, vb, k), True))
+        out: dict[bytes, GetResult] = {}
+        for op, r in zip(ops, await self._execute(ops), strict=True):
+            if isinstance(r, BaseException):
+                raise r
+            if r.status == Status.KEY_ENOENT and missing_ok:
+                continue
+            if r.status != Status.SUCCESS:
+                raise for_status(r.status, bytes(r.value), f"key {op.key!r}")
+            flags = codec.U32.unpack(r.extras)[0] if len(r.extras) == 4 else 0
+            out[op.key] = GetResult(op.key, bytes(r.value), flags, r.cas, r.datatype)
+        return out
+
+    async def set_many(
+        self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], *, flags: int = 0,
+        expiry: int = 0, durable: bool = False,
+    ) -> list[MutationResult]:
+        """Write many documents in one pipelined batch (one buffer, one ``send_all``).
+
+        Returns:
+            one ``MutationResult`` per item, in input order.
+        Raises:
+            BatchWriteError: some writes failed; ``.results`` has a result or an
+                exception per item.
+        """
+        pairs = items.items() if isinstance(items, Mapping) else items
+        ops = [self._store_op(Opcode.SET, k, v, flags, expiry, 0, durable) for k, v in pairs]
+        return await self._write_many(ops)
+
+    async def delete_many(self, keys: Iterable[str | bytes], *,
+                          durable: bool = False) -> list[MutationResult]:
+        """Delete many keys in one pipelined batch (see ``set_many`` for errors)."""
+        return await self._write_many([self._delete_op(k, 0, durable) for k in keys])
+
+    async def _write_many(self, ops: list[_Op]) -> list[MutationResult]:
+        if not ops:
+            return []
+        results = [self._mutation_result(op, r)
+                   for op, r in zip(ops, await self._execute(ops), strict=True)]
+        if any(isinstance(r, BaseException) for r in results):
+            raise BatchWriteError(results)
+        return results  # type: ignore[return-value]
+
+
+def _get_request(vb: int, key: bytes, opaque: int) -> bytes:
+    return codec.request(Opcode.GET, vbucket=vb, opaque=opaque, key=key)
+
