@@ -119,11 +119,16 @@ class WireClient:
                                  extras=codec.store_extras(0, 0), key=k, value=v)
         await self.send(bytes(buf))
         out = []
+        others: list[Frame] = []
         for op in ops:
             f = await self.next_frame()
-            assert f.is_response and f.opaque == op, (f, op)
+            while not (f.is_response and f.opcode == Opcode.SET):
+                others.append(f)  # stream traffic interleaved with the answers
+                f = await self.next_frame()
+            assert f.opaque == op, (f, op)
             assert f.status == Status.SUCCESS, f
             out.append(f)
+        self.stash.extendleft(reversed(others))
         return out
 
     async def delete(self, key: bytes, cas: int = 0) -> Frame:
