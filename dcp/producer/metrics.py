@@ -81,7 +81,12 @@ class MetricsCollector:
         if s.bucket is None:
             return
         b = s.bucket
-        yield GaugeMetricFamily("dcp_connections", "Open connections", value=len(s.connections))
+        conns = GaugeMetricFamily("dcp_connections", "Open connections by type (kv, dcp)",
+                                  labels=["type"])
+        dcp_conns = sum(1 for c in s.connections if c.dcp_name)
+        conns.add_metric(["kv"], len(s.connections) - dcp_conns)
+        conns.add_metric(["dcp"], dcp_conns)
+        yield conns
         yield GaugeMetricFamily("dcp_checkpoint_memory_bytes", "Checkpoint memory in use",
                                 value=b.checkpoint_memory())
         yield GaugeMetricFamily("dcp_checkpoint_memory_quota_bytes", "Checkpoint memory quota",
@@ -104,8 +109,12 @@ class MetricsCollector:
         for phase in ("pending", "backfilling", "in-memory", "dead"):
             phases.add_metric([phase], counts.get(phase, 0))
         yield phases
+        # The bucket's total: a per-stream sum would shrink whenever a stream ends.
         yield CounterMetricFamily("dcp_cursors_dropped", "Stream cursors dropped for memory",
-                                  value=sum(st.cursor_drops for st in s.streams()))
+                                  value=b.cursors_dropped)
+        yield CounterMetricFamily("dcp_flusher_items_written", "Items in the flusher's "
+                                  "committed batches",
+                                  value=b.flusher.items_written)
 
 
 def render(server: DcpServer) -> bytes:

@@ -6,6 +6,14 @@ unknown group raises ``KeyError`` (-> KEY_ENOENT), a bad argument ``ValueError``
 
 Groups: ``""`` (general), ``vbucket``, ``vbucket-seqno [vb]``, ``failovers [vb]``,
 ``checkpoint [vb]``, ``dcp``, ``dcp-streams`` (one JSON value per stream, for tools).
+
+``checkpoint [vb]`` keys (all prefixed ``vb_N:``): the manager's summary (``num_checkpoints``,
+``num_items``, ``mem_usage``...), ``high_seqno`` / ``persisted_seqno``, one
+``ckpt:ID:FIELD`` set per checkpoint (state, start_seqno, last_seqno, num_items,
+num_slots, mem_usage, num_cursors), ``cursor:NAME:FIELD`` per cursor (checkpoint_id,
+offset, last_seqno, lag, dropped) and ``stream:NAME:FIELD`` per stream of the vbucket
+that lost its cursor (cursor_drops, cursor_dropped, state, last_sent_seqno, lag).
+Cursor and stream names may contain ``:``; the field is always after the last one.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ def _general(server: DcpServer) -> list[tuple[str, Any]]:
         ("ep_queue_size", b.flusher.pending_items()),
         ("ep_storage_error", server.storage_error or ""),
         ("ep_rollbacks_answered", server.metrics.rollbacks),
+        ("ep_cursors_dropped", b.cursors_dropped),
     ]
 
 
@@ -70,9 +79,40 @@ def _failovers(server: DcpServer, arg: str) -> list[tuple[str, Any]]:
 
 def _checkpoint(server: DcpServer, arg: str) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
+    streams_by_vb: dict[int, list[Any]] = {}
+    for s in server.streams():
+        streams_by_vb.setdefault(s.vbid, []).append(s)
     for vb in _vbuckets(server, arg):
-        for k, v in server.bucket.vbucket(vb).checkpoints.stats().items():
-            out.append((f"vb_{vb}:{k}", v))
+        v = server.bucket.vbucket(vb)
+        mgr = v.checkpoints
+        p = f"vb_{vb}:"
+        out.extend((p + k, val) for k, val in mgr.stats().items())
+        high = v.high_seqno
+        out.append((p + "high_seqno", high))
+        out.append((p + "persisted_seqno", v.persisted_seqno))
+        for ck in mgr.checkpoints:
+            c = f"{p}ckpt:{ck.id}:"
+            out.append((c + "state", "closed" if ck.closed else "open"))
+            out.append((c + "start_seqno", ck.start_seqno))
+            out.append((c + "last_seqno", ck.last_seqno))
+            out.append((c + "num_items", ck.num_items))
+            out.append((c + "num_slots", len(ck.items)))
+            out.append((c + "mem_usage", ck.mem))
+            out.append((c + "num_cursors", ck.num_cursors))
+        for cur in mgr.cursors:
+            c = f"{p}cursor:{cur.name}:"
+            out.append((c + "offset", cur.position[1]))
+            out.append((c + "lag", max(0, high - cur.last_seqno)))
+        for s in streams_by_vb.get(vb, ()):
+            dropped_now = bool(s.cursor is not None and s.cursor.dropped)
+            if not (s.cursor_drops or dropped_now):
+                continue
+            c = f"{p}stream:{s.name}:"
+            out.append((c + "cursor_drops", s.cursor_drops))
+            out.append((c + "cursor_dropped", "true" if dropped_now else "false"))
+            out.append((c + "state", s.state.value))
+            out.append((c + "last_sent_seqno", s.last_sent_seqno))
+            out.append((c + "lag", max(0, high - s.last_sent_seqno)))
     return out
 
 
@@ -110,6 +150,7 @@ def _dcp_streams(server: DcpServer) -> list[tuple[str, Any]]:
         for s in c.streams.values():
             st = s.statistics()
             st["connection"] = c.dcp_name
+            st["connection_id"] = c.id
             st["high_seqno"] = s.vbucket.high_seqno
             st["lag"] = max(0, s.vbucket.high_seqno - s.last_sent_seqno)
             out.append((f"stream:{c.id}:{s.vbid}", json.dumps(st, sort_keys=True)))

@@ -1,0 +1,7 @@
+"""``python -m dcp.ctl``: the same as the ``dcpctl`` console script."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,51 @@
+"""Argument values several commands share: vbucket ids and lists.
+
+Rules of this module: argparse ``type=`` functions raise ``ArgumentTypeError`` (usage,
+exit 2); ``check_vbuckets`` raises ``CtlError`` once the real vbucket count is known.
+No I/O, nothing heavy imported (``inspect`` must start fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .output import CtlError
+
+__all__ = ["check_vbuckets", "vb_id", "vb_list"]
+
+
+def vb_list(text: str) -> list[int]:
+    """``"0,3,5-7"`` -> ``[0, 3, 5, 6, 7]``."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if sep else int(lo)
+            if first < 0 or last < first or last > 0xFFFF:
+                raise ValueError
+            out.extend(range(first, last + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a vbucket list (like 3 or 0,2,5-7)") from None
+    return sorted(set(out))
+
+
+def vb_id(text: str) -> int:
+    try:
+        vb = int(text)
+    except ValueError:
+        vb = -1
+    if not 0 <= vb <= 0xFFFF:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a vbucket id")
+    return vb
+
+
+def check_vbuckets(wanted: list[int] | None, count: int,
+                   where: str = "the server") -> list[int]:
+    """``wanted`` (None: all of ``0..count-1``), refusing ids the store or server lacks."""
+    if wanted is None:
+        return list(range(count))
+    bad = [vb for vb in wanted if not 0 <= vb < count]
+    if bad:
+        raise CtlError(f"vbucket {bad[0]} does not exist ({where} has 0..{count - 1})")
+    return wanted

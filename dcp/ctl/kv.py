@@ -1,0 +1,78 @@
+"""``dcpctl get | set | delete``: quick single-key tests through the SDK's ``KvClient``.
+
+Rules of this module:
+- The vbucket count is discovered from the server (STAT "" ``ep_num_vbuckets``) before
+  the ``KvClient`` is made, so keys are routed to the vbucket the server expects.
+- A missing key, a refused write or a timeout is one line on stderr and exit status 1;
+  ``KvClient`` already retries what is retriable (within ``--timeout``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..consumer import DcpClientError, KeyNotFound, KvClient, StatusError
+from .output import CtlError, Output, preview, value_doc
+from .remote import Remote
+
+__all__ = ["cmd_delete", "cmd_get", "cmd_set"]
+
+
+async def _client(args: argparse.Namespace) -> KvClient:
+    async with Remote(args.host, args.port, args.timeout) as r:
+        n = await r.num_vbuckets()
+    return KvClient(args.host, args.port, num_vbuckets=n, timeout=args.timeout,
+                    agent="dcpctl")
+
+
+async def _run(args: argparse.Namespace, op: str, fn: Any) -> Any:
+    kv = await _client(args)
+    try:
+        async with kv:
+            return await fn(kv)
+    except KeyNotFound:
+        raise CtlError(f"key {args.key!r} not found") from None
+    except (StatusError, DcpClientError) as exc:
+        raise CtlError(f"{op} {args.key!r} failed: {exc}") from None
+
+
+def _result_doc(res: Any) -> dict[str, Any]:
+    return {"key": res.key.decode("utf-8", "backslashreplace"), "vbucket": res.vbucket,
+            "cas": res.cas, "vb_uuid": res.vb_uuid, "seqno": res.seqno}
+
+
+async def cmd_get(args: argparse.Namespace, out: Output) -> int:
+    async def get(kv: KvClient) -> tuple[int, Any]:
+        return kv.vbucket_for(args.key), await kv.get(args.key)
+
+    vb, res = await _run(args, "get", get)
+    doc = {"key": args.key, "vbucket": vb, "flags": res.flags, "cas": res.cas,
+           "datatype": res.datatype}
+    if out.json_mode:
+        out.json({**doc, **value_doc(res.value)})
+        return 0
+    out.pairs(None, [*doc.items(), ("value", preview(res.value, 0))])
+    return 0
+
+
+async def cmd_set(args: argparse.Namespace, out: Output) -> int:
+    res = await _run(args, "set", lambda kv: kv.set(args.key, args.value, flags=args.flags,
+                                                    expiry=args.expiry,
+                                                    durable=args.durable))
+    doc = _result_doc(res)
+    if out.json_mode:
+        out.json(doc)
+        return 0
+    out.pairs(None, list(doc.items()))
+    return 0
+
+
+async def cmd_delete(args: argparse.Namespace, out: Output) -> int:
+    res = await _run(args, "delete", lambda kv: kv.delete(args.key, durable=args.durable))
+    doc = _result_doc(res)
+    if out.json_mode:
+        out.json(doc)
+        return 0
+    out.pairs(None, list(doc.items()))
+    return 0

@@ -1,0 +1,169 @@
+"""A short-lived raw connection to a live server, for STAT and discovery requests.
+
+Rules of this module:
+- The SDK has no STAT call, so this speaks the wire directly, but only through
+  ``dcp.protocol`` (``codec`` builders, ``FrameReader``): no hand-made bytes.
+- One connection per command, opened within ``timeout`` seconds. Requests are pipelined
+  in one write and their answers matched by opaque; a STAT answer is the run of
+  responses ending with an empty key.
+- Every failure is a ``CtlError`` with one line: unreachable server, timeout, connection
+  closed, or the status the server answered with its error context.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from types import TracebackType
+from typing import Any
+
+import trio
+
+from ..protocol import Frame, FrameReader, Opcode, RemoteProtocolError, Status, codec
+from .output import CtlError
+
+__all__ = ["Remote", "error_context", "os_error_text"]
+
+
+def error_context(value: bytes) -> str:
+    """The ``{"error": {"context": ...}}`` message a server put in an error response."""
+    try:
+        ctx = json.loads(value)["error"]["context"]
+        return str(ctx)
+    except (ValueError, KeyError, TypeError):
+        return value.decode("utf-8", "replace")
+
+
+def os_error_text(exc: BaseException) -> str:
+    """The reason of a failed connect: trio's "all attempts failed" hides it in its cause."""
+    seen = [exc]
+    while seen:
+        e = seen.pop(0)
+        if isinstance(e, OSError) and e.strerror:
+            return e.strerror.rsplit(": ", 1)[-1].lower()
+        if isinstance(e, BaseExceptionGroup):
+            seen.extend(e.exceptions)
+        if e.__cause__ is not None:
+            seen.append(e.__cause__)
+    return str(exc)
+
+
+def _status_name(status: int) -> str:
+    try:
+        return Status(status).name
+    except ValueError:
+        return f"0x{status:02x}"
+
+
+class Remote:
+    """``async with Remote(host, port, timeout) as r: await r.stats("vbucket")``."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self._stream: trio.SocketStream | None = None
+        self._reader = FrameReader()
+        self._opaques = itertools.count(1)
+        self._stash: list[Frame] = []
+
+    @property
+    def where(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def __aenter__(self) -> Remote:
+        try:
+            with trio.fail_after(self.timeout):
+                self._stream = await trio.open_tcp_stream(self.host, self.port)
+        except trio.TooSlowError:
+            raise CtlError(f"cannot connect to {self.where}: timed out after "
+                           f"{self.timeout:g} s") from None
+        except OSError as exc:
+            raise CtlError(f"cannot connect to {self.where}: {os_error_text(exc)}") from None
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._stream is not None:
+            await trio.aclose_forcefully(self._stream)
+            self._stream = None
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _exchange(self, requests: list[tuple[int, bytes]],
+                        is_last: Any) -> dict[int, list[Frame]]:
+        """Send ``requests`` in one write; collect frames per opaque until ``is_last``."""
+        assert self._stream is not None
+        want = {o for o, _ in requests}
+        got: dict[int, list[Frame]] = {o: [] for o in want}
+        try:
+            with trio.fail_after(self.timeout):
+                await self._stream.send_all(b"".join(data for _, data in requests))
+                while want:
+                    data = await self._stream.receive_some(1 << 16)
+                    if not data:
+                        raise CtlError(f"{self.where} closed the connection")
+                    self._reader.feed(data)
+                    for f in self._reader.read_frames():
+                        if f.opaque in want and f.is_response:
+                            got[f.opaque].append(f)
+                            if is_last(f):
+                                want.discard(f.opaque)
+        except trio.TooSlowError:
+            raise CtlError(f"{self.where} did not answer within {self.timeout:g} s") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise CtlError(f"connection to {self.where} failed: {exc}") from None
+        except RemoteProtocolError as exc:
+            raise CtlError(f"{self.where} does not speak the memcached binary protocol: "
+                           f"{exc}") from None
+        return got
+
+    @staticmethod
+    def _check(f: Frame, what: str) -> None:
+        if f.status != Status.SUCCESS:
+            raise CtlError(f"{what}: {error_context(bytes(f.value)) or _status_name(f.status)}"
+                           f" ({_status_name(f.status)})")
+
+    # ------------------------------------------------------------------ requests
+
+    async def stats(self, *groups: str) -> list[list[tuple[str, str]]]:
+        """The pairs of each STAT group, pipelined; raises on the first refused group."""
+        reqs = []
+        for g in groups:
+            o = next(self._opaques)
+            reqs.append((o, codec.request(Opcode.STAT, opaque=o, key=g.encode())))
+        got = await self._exchange(reqs, lambda f: not f.key or f.status != Status.SUCCESS)
+        out = []
+        for (o, _), g in zip(reqs, groups, strict=True):
+            pairs = []
+            for f in got[o]:
+                self._check(f, f"STAT {g!r}" if g else "STAT")
+                if f.key:
+                    pairs.append((bytes(f.key).decode("utf-8", "replace"),
+                                  bytes(f.value).decode("utf-8", "replace")))
+            out.append(pairs)
+        return out
+
+    async def stat(self, group: str) -> dict[str, str]:
+        (pairs,) = await self.stats(group)
+        return dict(pairs)
+
+    async def num_vbuckets(self) -> int:
+        """The server's vbucket count (STAT "" ep_num_vbuckets)."""
+        general = await self.stat("")
+        try:
+            return int(general["ep_num_vbuckets"])
+        except (KeyError, ValueError):
+            raise CtlError(f"{self.where} did not report ep_num_vbuckets") from None
+
+    async def all_vb_seqnos(self) -> dict[int, int]:
+        """High seqno of every vbucket that is not dead (GET_ALL_VB_SEQNOS)."""
+        o = next(self._opaques)
+        got = await self._exchange([(o, codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=o))],
+                                   lambda f: True)
+        (f,) = got[o]
+        self._check(f, "GET_ALL_VB_SEQNOS")
+        try:
+            return dict(codec.parse_all_vb_seqnos(bytes(f.value)))
+        except RemoteProtocolError as exc:
+            raise CtlError(f"GET_ALL_VB_SEQNOS: {exc}") from None
