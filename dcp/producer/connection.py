@@ -147,8 +147,10 @@ class Connection:
                     nursery.start_soon(self._timers)
                     await self._reader()
                     nursery.cancel_scope.cancel()
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.close_reason = self.close_reason or f"socket: {exc!r}"
+        except* (trio.BrokenResourceError, trio.ClosedResourceError) as eg:
+            # The peer reset or closed while a task was mid-send/receive; the tasks'
+            # nursery wraps that in a group. It ends this connection only.
+            self.close_reason = self.close_reason or f"socket: {eg.exceptions[0]!r}"
         finally:
             self.closed = True
             self._release_streams()

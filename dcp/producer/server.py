@@ -66,6 +66,7 @@ class DcpServer:
         self._flush_event = trio.Event()
         self._storage_lock = trio.Lock()
         self._backfill_limiter = trio.CapacityLimiter(self.config.max_concurrent_backfills)
+        self._conn_backfill_slots: dict[int, trio.CapacityLimiter] = {}
         self._shutdown = trio.Event()
         self._stopped = trio.Event()
         self._bg: trio.Nursery | None = None
@@ -126,15 +127,14 @@ class DcpServer:
                     conns.cancel_scope.cancel()
                 if self.clean_shutdown:
                     with trio.CancelScope(shield=True):
-                        await self.flush_all()
+                        await self._final_flush()
                 bg.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 if self.bucket is not None:
                     await trio.to_thread.run_sync(
-                        functools.partial(self.bucket.close, clean=self.clean_shutdown
-                                          and not self.storage_error))
-            log.info("stopped clean=%s", self.clean_shutdown and not self.storage_error)
+                        functools.partial(self.bucket.close, clean=self.clean_shutdown))
+            log.info("stopped clean=%s", self.clean_shutdown)
             self._stopped.set()
 
     async def _accept(self, listeners: list[trio.SocketListener], conns: trio.Nursery) -> None:
@@ -145,7 +145,10 @@ class DcpServer:
         conn = Connection(self, stream)
         self.connections.add(conn)
         self.metrics.connections_total += 1
-        await conn.run()
+        try:
+            await conn.run()
+        except Exception:  # a bug in one connection must not stop the server for all
+            log.exception("connection id=%d failed; closed it, the server goes on", conn.id)
 
     async def _stop_connections(self) -> None:
         """Stop accepting, end every stream with Disconnected, let writers send it."""
@@ -191,6 +194,32 @@ class DcpServer:
         while await flush_once(self):
             pass
 
+    async def _final_flush(self) -> None:
+        """Persist everything acknowledged before stopping. A full LMDB map must not turn
+        a graceful stop into data loss: grow the map (it is a sparse file) until the queue
+        fits, and say so; only a real I/O failure leaves the shutdown unclean."""
+        from .engine import StorageError, StorageFullError
+
+        storage = self.bucket.storage
+        for _ in range(8):
+            try:
+                await self.flush_all()
+                return
+            except StorageFullError:
+                new_size = storage.map_size * 2
+                log.warning("storage full at shutdown: growing the LMDB map to %d bytes to "
+                            "persist %d acknowledged items", new_size,
+                            self.bucket.flusher.pending_items())
+                try:
+                    await trio.to_thread.run_sync(storage.grow_map, new_size)
+                except StorageError as exc:
+                    log.error("cannot grow the map: %s", exc)
+                    break
+            except StorageError as exc:
+                log.error("final flush failed: %s", exc)
+                break
+        self.clean_shutdown = False
+
     def want_flush(self) -> None:
         self._flush_event.set()
 
@@ -225,8 +254,17 @@ class DcpServer:
             old.close("replaced by a new connection with the same name")
         self._by_name[conn.dcp_name] = conn
 
+    def backfill_slots(self, conn: Connection) -> trio.CapacityLimiter:
+        """The connection's own backfill limiter (see ``tasks.run_backfill``)."""
+        lim = self._conn_backfill_slots.get(conn.id)
+        if lim is None:
+            lim = trio.CapacityLimiter(self.config.max_concurrent_backfills)
+            self._conn_backfill_slots[conn.id] = lim
+        return lim
+
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self._conn_backfill_slots.pop(conn.id, None)
         if conn.dcp_name and self._by_name.get(conn.dcp_name) is conn:
             del self._by_name[conn.dcp_name]
 

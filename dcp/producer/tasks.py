@@ -94,8 +94,15 @@ async def run_flusher(server: DcpServer) -> None:
 
 
 async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
-    """Read ``(stream.backfill_from, P]`` from disk as one disk snapshot, in chunks, pausing
-    while the stream has ``backfill_buffer_bytes`` waiting for the socket."""
+    """Read ``(stream.backfill_from, P]`` from disk as one disk snapshot, in chunks.
+
+    Memory is bounded per connection, whatever its number of streams: a stream holds one
+    of its connection's ``max_concurrent_backfills`` slots from the start of its scan until
+    the writer has drained what the scan buffered, and a scan pauses at
+    ``backfill_buffer_bytes`` (chunks are sized to the room left). The server-wide limiter
+    is held only around each disk read, so a stalled client never holds up other
+    clients' backfills.
+    """
     from .engine import StorageError
 
     conn = stream.conn  # type: ignore[attr-defined]
@@ -106,21 +113,31 @@ async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
     server.metrics.backfills_started += 1
     scan = None
     sent = 0
+
+    def stopped() -> bool:
+        return stream.end_status is not None or stream.is_dead
+
     try:
-        async with server._backfill_limiter:
-            if stream.is_dead:
+        async with server.backfill_slots(conn):
+            if stopped():
                 return
-            scan = await trio.to_thread.run_sync(storage.open_backfill, stream.vbid, from_seqno)
+            async with server._backfill_limiter:
+                scan = await trio.to_thread.run_sync(storage.open_backfill, stream.vbid,
+                                                     from_seqno)
             end = scan.end_seqno
             stream.history = bool(stream.history and scan.history)
             log.info("backfill start name=%s vb=%d from=%d disk_end=%d", stream.name,
                      stream.vbid, from_seqno, end)
             first = True
-            while stream.end_status is None and not stream.is_dead:
-                while stream.backfill_bytes > limit and stream.end_status is None:
+            avg = 256  # bytes per item, refined from each chunk
+            while not stopped():
+                while stream.backfill_bytes >= limit and not stopped():
                     await trio.sleep(0.002)
-                items = await trio.to_thread.run_sync(scan.read, _BACKFILL_CHUNK)
-                if stream.end_status is not None or stream.is_dead:
+                room = max(limit - stream.backfill_bytes, avg)
+                want = max(16, min(_BACKFILL_CHUNK, room // avg))
+                async with server._backfill_limiter:
+                    items = await trio.to_thread.run_sync(scan.read, want)
+                if stopped():
                     break
                 if first:
                     first = False
@@ -129,19 +146,24 @@ async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
                 if not items:
                     break
                 nbytes = 55 * len(items) + sum(len(it.key) + len(it.value) for it in items)
+                avg = max(64, nbytes // len(items))
                 stream.push_backfill_items(items, nbytes)
                 sent += len(items)
                 conn.mark_ready(stream)
                 if items[-1].seqno >= stream.end_seqno:
                     break
-            else:
+            if stopped():
                 return
-            if stream.end_status is None:
-                stream.push_backfill_done(end)
-                conn.mark_ready(stream)
+            stream.push_backfill_done(end)
+            conn.mark_ready(stream)
             log.info("backfill end name=%s vb=%d items=%d disk_end=%d", stream.name,
                      stream.vbid, sent, end)
             server.metrics.backfills_completed += 1
+            scan.close()
+            scan = None
+            # Keep the slot until the writer took what we buffered (bounded memory).
+            while stream.backfill_bytes > 0 and not stopped():
+                await trio.sleep(0.005)
     except StorageError as exc:
         log.error("backfill failed name=%s vb=%d: %s", stream.name, stream.vbid, exc)
         stream.set_end(StreamEndStatus.BACKFILL_FAIL)
