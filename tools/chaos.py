@@ -1,0 +1,157 @@
+"""Reliability harness: try hard to make the change stream lose or invent a change.
+
+Scenarios (each bounded in time and count, loopback only, stops by itself)::
+
+    .venv/bin/python tools/chaos.py crash   [--rounds 50 --consumers 3 ...]
+    .venv/bin/python tools/chaos.py fuzz    [--frames 1000000 --connections 4 ...]
+    .venv/bin/python tools/chaos.py slow    [--seconds 20 --quota-mib 8 ...]
+    .venv/bin/python tools/chaos.py storage [--map-mib 2 ...]
+    .venv/bin/python tools/chaos.py all     (every scenario with its defaults)
+
+Each prints a JSON report (also written to ``WORKDIR/<scenario>/report.json``) and exits
+1 when the report has divergences, crashes or errors. The scenario functions
+(``run_crash``, ``run_fuzz``, ``run_slow``, ``run_storage``) are importable for tests.
+
+Rules of this module: argument parsing and report printing only; each scenario lives in
+``tools/chaos_<scenario>.py``; shared pieces: ``chaos_procs`` (child processes, raw wire),
+``chaos_writer`` (writer and its log), ``chaos_view`` (rollback-safe view + journal),
+``chaos_verify`` (the verifier), ``chaos_frames`` (fuzz frames), ``chaos_consumer`` (the
+consumer child process). See ``docs/reliability.md`` for what each scenario proves and the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import trio
+from chaos_crash import run_crash
+from chaos_fuzz import run_fuzz
+from chaos_slow import run_slow
+from chaos_storage import run_storage
+
+__all__ = ["FAILURE_KEYS", "failed", "main", "run_crash", "run_fuzz", "run_slow",
+           "run_storage"]
+
+#: Report counters that must be 0 for a scenario to pass.
+FAILURE_KEYS = ("divergences", "crashes", "errors", "healthy_stream_errors")
+
+
+def failed(report: dict[str, Any]) -> bool:
+    return any(report.get(k) for k in FAILURE_KEYS)
+
+
+def _summary(report: dict[str, Any]) -> str:
+    skip = {"findings", "per_consumer", "errors_detail"}
+    return json.dumps({k: v for k, v in report.items() if k not in skip}, indent=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="chaos", description=__doc__.split("\n")[0])
+    p.add_argument("--workdir", help="where data, logs and reports go (default: a temp dir)")
+    p.add_argument("--seed", type=int)
+    sub = p.add_subparsers(dest="scenario", required=True)
+    c = sub.add_parser("crash", help="SIGKILL server and consumers; verify convergence")
+    c.add_argument("--rounds", type=int, default=50)
+    c.add_argument("--consumers", type=int, default=3)
+    c.add_argument("--num-vbuckets", type=int, default=16)
+    c.add_argument("--keys-per-vb", type=int, default=40)
+    c.add_argument("--min-up", type=float, default=0.4)
+    c.add_argument("--max-up", type=float, default=2.0)
+    c.add_argument("--consumer-kill-prob", type=float, default=0.35)
+    c.add_argument("--graceful-prob", type=float, default=0.15,
+                   help="share of rounds that stop the server with SIGTERM instead")
+    c.add_argument("--freeze-prob", type=float, default=0.08,
+                   help="share of rounds that SIGSTOP the server for 2-5 s instead")
+    c.add_argument("--sleeper-rounds", type=int, default=30,
+                   help="the last consumer is down this many rounds (0: never), more than "
+                        "the 25 failover-log entries; needs rounds >= this + 5")
+    c.add_argument("--time-limit", type=float, default=1200.0)
+    c.add_argument("--server-args", default="", help="extra dcp-server flags, one string")
+    c.add_argument("--consumer-args", default="",
+                   help="extra chaos_consumer.py flags, e.g. '--buffer-size 65536'")
+    c.add_argument("--consumer-fault", default="none",
+                   choices=["none", "ignore-rollback", "partial"],
+                   help="harness self-test: consumers misbehave; the report must show it")
+    f = sub.add_parser("fuzz", help="malformed frames at a live server; a healthy consumer")
+    f.add_argument("--frames", type=int, default=1_000_000)
+    f.add_argument("--connections", type=int, default=4)
+    f.add_argument("--num-vbuckets", type=int, default=16)
+    f.add_argument("--corpus-size", type=int, default=400)
+    f.add_argument("--time-limit", type=float, default=900.0)
+    f.add_argument("--graceful-close", action="store_true",
+                   help="end episodes with a half-close and a drain instead of a close that "
+                        "may send RST (works around the reset crash)")
+    w = sub.add_parser("slow", help="stalled/slow consumers under heavy writes")
+    w.add_argument("--seconds", type=float, default=20.0)
+    w.add_argument("--quota-mib", type=int, default=8)
+    w.add_argument("--num-vbuckets", type=int, default=32)
+    w.add_argument("--keys", type=int, default=40000)
+    w.add_argument("--value-bytes", type=int, default=1024)
+    w.add_argument("--overhead-mib", type=int, default=64)
+    g = sub.add_parser("storage", help="a tiny LMDB map fills up; then it is grown")
+    g.add_argument("--map-mib", type=int, default=2)
+    g.add_argument("--grown-map-mib", type=int, default=64)
+    g.add_argument("--num-vbuckets", type=int, default=8)
+    g.add_argument("--full-seconds", type=float, default=3.0)
+    sub.add_parser("all", help="every scenario with its defaults")
+    args = p.parse_args(argv)
+    base = Path(args.workdir or tempfile.mkdtemp(prefix="chaos-"))
+    jobs: list[tuple[str, Any]] = []
+    if args.scenario in ("crash", "all"):
+        kw: dict[str, Any] = {}
+        if args.scenario == "crash":
+            kw = dict(rounds=args.rounds, consumers=args.consumers,
+                      num_vbuckets=args.num_vbuckets, keys_per_vb=args.keys_per_vb,
+                      min_up=args.min_up, max_up=args.max_up,
+                      consumer_kill_prob=args.consumer_kill_prob, time_limit=args.time_limit,
+                      server_args=args.server_args.split(),
+                      consumer_args=args.consumer_args.split(),
+                      consumer_fault=args.consumer_fault, graceful_prob=args.graceful_prob,
+                      freeze_prob=args.freeze_prob, sleeper_rounds=args.sleeper_rounds)
+        jobs.append(("crash", functools.partial(run_crash, base / "crash", seed=args.seed,
+                                                **kw)))
+    if args.scenario in ("fuzz", "all"):
+        kw = {}
+        if args.scenario == "fuzz":
+            kw = dict(frames=args.frames, connections=args.connections,
+                      num_vbuckets=args.num_vbuckets, corpus_size=args.corpus_size,
+                      time_limit=args.time_limit, graceful_close=args.graceful_close)
+        jobs.append(("fuzz", functools.partial(run_fuzz, base / "fuzz", seed=args.seed, **kw)))
+    if args.scenario in ("slow", "all"):
+        kw = {}
+        if args.scenario == "slow":
+            kw = dict(seconds=args.seconds, quota_mib=args.quota_mib,
+                      num_vbuckets=args.num_vbuckets, keys=args.keys,
+                      value_bytes=args.value_bytes, overhead_mib=args.overhead_mib)
+        jobs.append(("slow", functools.partial(run_slow, base / "slow", seed=args.seed, **kw)))
+    if args.scenario in ("storage", "all"):
+        kw = {}
+        if args.scenario == "storage":
+            kw = dict(map_mib=args.map_mib, grown_map_mib=args.grown_map_mib,
+                      num_vbuckets=args.num_vbuckets, full_seconds=args.full_seconds)
+        jobs.append(("storage", functools.partial(run_storage, base / "storage", seed=args.seed,
+                                                  **kw)))
+    rc = 0
+    for name, job in jobs:
+        report = trio.run(job)
+        (base / name).mkdir(parents=True, exist_ok=True)
+        (base / name / "report.json").write_text(json.dumps(report, indent=1))
+        print(f"== {name} (workdir {base / name})")
+        print(_summary(report))
+        for f in report.get("findings", [])[:50]:
+            print("  FINDING:", f)
+        if failed(report):
+            rc = 1
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
