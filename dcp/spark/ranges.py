@@ -1,0 +1,214 @@
+"""One vbucket range being read: snapshot assembly and the exactness decisions.
+
+Rules of this module:
+- Pure: no sockets, no clock. The executor (``executor.py``) appends received items to
+  ``RangeRead.rows`` (the snapshot being received, column by column) and calls
+  ``marker`` / ``item_done`` at the moments that need a decision; everything a decision
+  produces goes to the shared output ``Chunk``, and ``done`` tells the executor to stop
+  the server-side stream.
+- A snapshot is accepted only when complete (an item at its end, or the next marker), so
+  a retry from ``c`` (the last accepted snapshot end) neither repeats nor skips. Every
+  prefix of a HISTORY snapshot is a real state, so its items may be accepted at any time.
+- The range is handed out once, when read to its end, as one change set: the newest
+  version of every key, tagged ``[start + 1, end]`` (``changes.newest_per_key``).
+- A snapshot that runs past the planned end without HISTORY is buffered whole and then
+  checked (``check_merged``): if every change past the end is a first revision
+  (rev_seqno 1), nothing inside the range was replaced and the part up to the end is
+  exact; otherwise the range was merged: ``MergedSnapshotError``, or (policy ``reread``)
+  the merged snapshot is handed out whole.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+
+from dcp.protocol.opcodes import SnapshotMarkerFlag
+
+from .changes import Chunk, columns, newest_per_key
+from .errors import MergedSnapshotError
+from .planning import VbRange
+
+__all__ = ["BUFFER_BYTES", "RangeRead"]
+
+log = logging.getLogger("dcp.spark")
+
+#: Wire bytes one vbucket range may buffer before it is handed out in parts.
+BUFFER_BYTES = 512 * 1024 * 1024
+_HISTORY = int(SnapshotMarkerFlag.HISTORY)
+
+
+class RangeRead:
+    """The read of ``(rng.start, rng.end]`` of one vbucket.
+
+    Connection states (kept here, driven by the executor): ``new`` -> ``requested``
+    (stream request sent) -> ``open`` (accepted) -> ``closing`` (DCP_CLOSE_STREAM sent,
+    waiting for its STREAM_END) -> ``done``; ``retry`` while waiting out a back-off.
+    """
+
+    __slots__ = ("acc", "attempts", "c", "counted", "done", "end", "extend", "failing_since",
+                 "first", "flags", "nbytes", "on_merged", "opaque", "out", "partial",
+                 "pbytes", "rng", "rows", "snap_end", "snap_start", "state", "stop",
+                 "verify")
+
+    def __init__(self, rng: VbRange, out: Chunk, on_merged: str = "fail") -> None:
+        self.rng = rng
+        self.out = out
+        self.on_merged = on_merged
+        self.end = rng.end
+        self.c = rng.start  # everything up to here is accepted (a snapshot end)
+        self.first = rng.start + 1  # snapshot start of the next part handed out
+        self.extend = False  # handing out a merged snapshot whole, past the planned end
+        self.opaque = 0
+        self.state = "new"
+        self.snap_start = 0
+        self.snap_end = 0  # 0 = no marker yet on this stream
+        self.stop = 0  # items at or past this seqno need a decision (``item_done``)
+        self.verify = False  # the current snapshot runs past the planned end
+        self.flags = 0
+        self.rows = columns()  # the snapshot being received
+        self.pbytes = 0  # approximate bytes of ``rows``
+        self.counted = 0  # rows already counted in ``pbytes``
+        self.acc = columns()  # accepted snapshots of this range
+        self.nbytes = 0
+        self.partial = False  # part of the range was handed out early (too big)
+        self.done = False
+        self.attempts = 0
+        self.failing_since: float | None = None
+
+    def restart(self) -> None:
+        """A new stream request from ``c``: forget the snapshot being received."""
+        self.snap_start = self.snap_end = self.flags = self.stop = 0
+        self.verify = False
+        self.drop_pending()
+
+    def drop_pending(self) -> None:
+        for col in self.rows:
+            col.clear()
+        self.pbytes = 0
+        self.counted = 0
+
+    def count_pending(self) -> None:
+        """Account the bytes of rows appended since the last count (called now and then
+        by the executor, not per row); hand out a too-big snapshot early."""
+        rows = self.rows
+        m = len(rows[0])
+        if m - self.counted >= 4096:
+            self.pbytes += (sum(map(len, filter(None, rows[3][self.counted:])))
+                            + 64 * (m - self.counted))
+            self.counted = m
+            if self.pbytes > BUFFER_BYTES:
+                self.item_done(rows[0][-1])
+
+    # ------------------------------------------------------------------ decisions
+
+    def accept(self) -> None:
+        """What was received is complete (a whole snapshot, or a HISTORY prefix)."""
+        rows = self.rows
+        if rows[0]:
+            for acc, col in zip(self.acc, rows, strict=True):
+                acc.extend(col)
+            self.c = max(self.c, rows[0][-1])
+            self.nbytes += self.pbytes + 64 * (len(rows[0]) - self.counted)
+            self.drop_pending()
+            if self.nbytes > BUFFER_BYTES:
+                self.partial = True
+                self.hand_out(self.c)
+
+    def hand_out(self, snap_end: int) -> None:
+        self.out.add(self.rng.vbucket, self.first, snap_end, newest_per_key(self.acc))
+        self.acc = columns()
+        self.nbytes = 0
+        self.first = snap_end + 1
+
+    def finish(self) -> None:
+        """The range is read: hand it out as one change set."""
+        if not self.extend:
+            self.c = max(self.c, self.end)
+        self.hand_out(self.c)
+        self.done = True
+        self.failing_since = None
+
+    def rollback(self, seqno: int) -> None:
+        """The server's history no longer holds the range: one rollback row instead."""
+        self.acc = columns()
+        self.drop_pending()
+        self.out.add_rollback(self.rng.vbucket, seqno)
+        self.done = True
+
+    def snapshot_done(self) -> None:
+        """The current snapshot is complete: accept it, advance to its end."""
+        if self.verify and not self.extend:
+            self.verify = False
+            self.check_merged()
+            return
+        self.accept()
+        if self.snap_end:
+            self.c = max(self.c, self.snap_end if self.extend else min(self.snap_end, self.end))
+        if self.c >= self.end:
+            self.finish()
+
+    def marker(self, start: int, end: int, flags: int) -> None:
+        if self.snap_end:
+            self.snapshot_done()  # the previous snapshot's tail was deduplicated away
+            if self.done:
+                return
+        if start > self.end and not self.extend:
+            self.finish()  # the range ended before this snapshot (its tail deduplicated)
+            return
+        self.snap_start, self.snap_end, self.flags = start, end, flags
+        # A snapshot that runs past the planned end without HISTORY: read it whole, then
+        # decide in ``check_merged`` whether the part up to the end is the original.
+        self.verify = end > self.end and not flags & _HISTORY and not self.extend
+        self.stop = end if self.extend or self.verify else min(end, self.end)
+
+    def check_merged(self) -> None:
+        """The snapshot ran past the planned end and is now complete. A later change can
+        only have replaced (deduplicated) a version inside the range if it is a revision
+        of an existing document (rev_seqno > 1): when every change past the end is a
+        first revision, the part up to the end is exactly the original range; otherwise
+        the range was merged."""
+        rows = self.rows
+        i = bisect.bisect_right(rows[0], self.end)
+        tail = rows[5][i:]
+        if tail.count(1) == len(tail):
+            for col in rows:
+                del col[i:]
+            self.accept()
+            self.finish()
+            return
+        rng = self.rng
+        if self.on_merged != "reread":
+            raise MergedSnapshotError(rng.vbucket, rng.start, rng.end, self.snap_start,
+                                      self.snap_end, self.flags)
+        log.warning("vbucket %d: range (%d, %d] was merged into snapshot [%d, %d] since it "
+                    "was planned; handing that snapshot out whole (rows past seqno %d "
+                    "included)", rng.vbucket, rng.start, rng.end, self.snap_start,
+                    self.snap_end, rng.end)
+        self.extend = True
+        self.snapshot_done()
+
+    def item_done(self, seqno: int) -> None:
+        """After an item (or seqno-advanced) at or past ``stop``, or when the snapshot
+        buffer grew too big."""
+        if self.verify:
+            if seqno >= self.snap_end:
+                self.snapshot_done()
+            return  # a snapshot being checked is buffered whole, whatever its size
+        if seqno > self.end and not self.extend:  # a HISTORY snapshot runs past the range
+            rows = self.rows
+            if rows[0] and rows[0][-1] == seqno:
+                for col in rows:
+                    col.pop()
+            self.accept()
+            self.finish()
+        elif seqno >= self.snap_end:
+            self.snapshot_done()
+        elif seqno >= self.stop:  # a HISTORY snapshot, cut at the planned end
+            self.accept()
+            self.finish()
+        elif self.flags & _HISTORY:
+            self.accept()  # every prefix of a history snapshot is a real state
+        elif self.pbytes > BUFFER_BYTES:
+            self.partial = True  # a snapshot bigger than the buffer: handed out in parts
+            self.accept()
