@@ -11,6 +11,11 @@ Rules of this module:
   (magic 0x08) and a durability frame info of level PERSIST_TO_MAJORITY: the server
   answers only once the write is persisted. Otherwise a write is acknowledged once it
   is in the server's memory.
+- Requests are encoded once with opaque 0 (``_Op.frame``) and the opaque of each attempt
+  is patched into the send buffer, so a retry re-sends the same bytes. The reader
+  matches answers by opaque straight from the received bytes; a successful mutation
+  answer (the bulk of pipelined writes) becomes a ``(cas, vb_uuid, seqno)`` tuple, any
+  other answer a ``Frame``.
 - Errors: bad arguments raise ``UsageError`` at once. NOT_MY_VBUCKET/ETMPFAIL/EBUSY/
   ENOMEM answers are retried with backoff until ``timeout``. A lost connection is
   reopened; GET and SET (same key, same value: safe to repeat) are then re-sent, while
@@ -23,15 +28,17 @@ from __future__ import annotations
 
 import functools
 import json
+import struct
+import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import trio
 
 from dcp.protocol import codec
-from dcp.protocol.errors import for_status
-from dcp.protocol.frames import Frame, FrameReader
-from dcp.protocol.opcodes import Datatype, DurabilityLevel, HelloFeature, Opcode, Status
+from dcp.protocol.errors import RemoteProtocolError, for_status
+from dcp.protocol.frames import DEFAULT_MAX_BODY_SIZE, Frame
+from dcp.protocol.opcodes import Datatype, DurabilityLevel, HelloFeature, Magic, Opcode, Status
 
 from .errors import (
     BatchWriteError,
@@ -48,17 +55,25 @@ Connector = Callable[[], Awaitable[trio.abc.Stream]]
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 KV_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO,
                HelloFeature.ALT_REQUEST_SUPPORT, HelloFeature.SYNC_REPLICATION]
+_HDR = struct.Struct(">BBHBBHIIQ").unpack_from
+_STORE_HEAD = struct.Struct(">BBHBBHIIQII").pack  # request header + flags, expiry
+_SEQNO = struct.Struct(">QQ").unpack_from  # MUTATION_SEQNO extras: vb_uuid, seqno
+_put_opaque = struct.Struct(">I").pack_into
+_KNOWN_MAGIC = frozenset(int(m) for m in Magic)
+_ALT_MAGIC = frozenset((int(Magic.ALT_REQUEST), int(Magic.ALT_RESPONSE)))
+_SET = int(Opcode.SET)
+_crc32 = zlib.crc32
 
 
 class _Op:
-    __slots__ = ("data", "key", "opcode", "safe_to_repeat", "vbucket")
+    __slots__ = ("frame", "key", "opcode", "safe_to_repeat", "vbucket")
 
-    def __init__(self, opcode: int, key: bytes, vbucket: int, data: Callable[[int], bytes],
+    def __init__(self, opcode: int, key: bytes, vbucket: int, frame: bytes,
                  safe_to_repeat: bool) -> None:
         self.opcode = opcode
         self.key = key
         self.vbucket = vbucket
-        self.data = data  # opaque -> encoded request
+        self.frame = frame  # the encoded request, opaque 0 (patched per attempt)
         self.safe_to_repeat = safe_to_repeat
 
 
@@ -74,7 +89,6 @@ class _Batch:
 class _KvConnection:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.reader = FrameReader()
         self.lock = trio.StrictFIFOLock()
         self.waiting: dict[int, tuple[_Batch, int]] = {}
         self.opaque = 0
@@ -84,20 +98,49 @@ class _KvConnection:
 
     async def read_loop(self) -> None:
         try:
+            pending = b""
+            waiting = self.waiting
             while True:
                 data = await self.stream.receive_some(256 * 1024)
                 if not data:
                     raise ConnectionLostError("the server closed the connection")
-                self.reader.feed(data)
-                for f in self.reader.read_frames():
-                    entry = self.waiting.pop(f.opaque, None)
-                    if entry is None:
-                        continue
-                    batch, idx = entry
-                    batch.frames[idx] = f
-                    batch.remaining -= 1
-                    if batch.remaining == 0:
-                        batch.event.set()
+                buf = pending + data if pending else bytes(data)
+                n = len(buf)
+                pos = 0
+                while n - pos >= 24:
+                    magic, op, kl, el, dt, status, body, opq, cas = _HDR(buf, pos)
+                    if magic in _ALT_MAGIC:
+                        fel = kl >> 8
+                        kl &= 0xFF
+                    elif magic in _KNOWN_MAGIC:
+                        fel = 0
+                    else:
+                        raise RemoteProtocolError(f"bad magic 0x{magic:02x}")
+                    if body > DEFAULT_MAX_BODY_SIZE or fel + el + kl > body:
+                        raise RemoteProtocolError(f"bad lengths in an answer to 0x{op:02x}")
+                    end = pos + 24 + body
+                    if end > n:
+                        break
+                    entry = waiting.pop(opq, None)
+                    if entry is not None:
+                        if status == 0 and magic == 0x81 and body == el == 16:
+                            res: Any = (cas, *_SEQNO(buf, pos + 24))
+                        elif status == 0 and magic == 0x81 and body == 0:
+                            res = (cas, None, None)
+                        else:
+                            a = pos + 24
+                            b = a + fel
+                            c = b + el
+                            d = c + kl
+                            res = Frame(magic, op, dt, status, opq, cas, buf[a:b], buf[b:c],
+                                        buf[c:d], buf[d:end])
+                        batch, idx = entry
+                        batch.frames[idx] = res
+                        batch.remaining -= 1
+                        if batch.remaining == 0:
+                            batch.event.set()
+                    pos = end
+                pending = buf[pos:] if pos < n else b""
         except Exception as exc:
             self.fail(exc if isinstance(exc, ConnectionLostError)
                       else ConnectionLostError(f"connection failed: {exc!r}"))
@@ -118,10 +161,15 @@ class _KvConnection:
             raise self.error
         batch = _Batch(len(ops))
         buf = bytearray()
+        waiting = self.waiting
+        opaque = self.opaque
         for i, op in enumerate(ops):
-            self.opaque = (self.opaque + 1) & 0xFFFFFFFF or 1
-            self.waiting[self.opaque] = (batch, i)
-            buf += op.data(self.opaque)
+            opaque = (opaque + 1) & 0xFFFFFFFF or 1
+            waiting[opaque] = (batch, i)
+            p = len(buf)
+            buf += op.frame
+            _put_opaque(buf, p + 12, opaque)
+        self.opaque = opaque
         try:
             async with self.lock:
                 await self.stream.send_all(buf)
@@ -246,11 +294,13 @@ class KvClient:
             conn = _KvConnection(stream)
             assert self._nursery is not None
             self._nursery.start_soon(conn.read_loop)
-            (f,) = await conn.roundtrip([_Op(Opcode.HELLO, b"", 0, lambda o: codec.hello(
-                self._agent, [int(x) for x in KV_FEATURES], opaque=o), True)])
+            (f,) = await conn.roundtrip([_Op(Opcode.HELLO, b"", 0, codec.hello(
+                self._agent, [int(x) for x in KV_FEATURES]), True)])
             if f is None:
                 raise conn.error or ConnectionLostError("HELLO got no answer")
-            if f.status == Status.SUCCESS:
+            if type(f) is tuple:  # success with an empty value: no features
+                conn.features = set()
+            elif f.status == Status.SUCCESS:
                 conn.features = set(codec.parse_hello_features(bytes(f.value)))
             self._conn = conn
             return conn
@@ -277,7 +327,9 @@ class KvClient:
                 retry = pending
             else:
                 for i, f in zip(pending, frames, strict=True):
-                    if f is None:
+                    if type(f) is tuple:  # a successful write (see the module rules)
+                        results[i] = f
+                    elif f is None:
                         err = conn.error or ConnectionLostError("connection lost")
                         if ops[i].safe_to_repeat:
                             last = err
@@ -314,19 +366,43 @@ class KvClient:
         vb = codec.vbucket_for_key(k, self.num_vbuckets)
         extras = codec.store_extras(flags, expiry)
         fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
-        return _Op(opcode, k, vb, lambda o: codec.request(
-            opcode, vbucket=vb, opaque=o, cas=cas, datatype=dt, extras=extras, key=k, value=v,
+        return _Op(opcode, k, vb, codec.request(
+            opcode, vbucket=vb, cas=cas, datatype=dt, extras=extras, key=k, value=v,
             framing_extras=fe), opcode == Opcode.SET and cas == 0)
+
+    def _set_ops(self, pairs: Iterable[tuple[Any, Any]], flags: int, expiry: int) -> list[_Op]:
+        """Plain SETs (no CAS, not durable) for ``set_many``: ``_store_op`` inlined."""
+        codec.store_extras(flags, expiry)  # range check once
+        mask = self.num_vbuckets - 1
+        head = _STORE_HEAD
+        ops = []
+        append = ops.append
+        for key, value in pairs:
+            k = key if type(key) is bytes and 0 < len(key) <= 250 else _key(key)
+            if type(value) is bytes:
+                v = value
+                dt = 0
+            else:
+                v, dt = _value(value)
+            vb = ((_crc32(k) >> 16) & 0x7FFF) & mask
+            kl = len(k)
+            append(_Op(_SET, k, vb, head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0,
+                                         flags, expiry) + k + v, True))
+        return ops
 
     def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> _Op:
         k = _key(key)
         vb = codec.vbucket_for_key(k, self.num_vbuckets)
         fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
-        return _Op(Opcode.DELETE, k, vb, lambda o: codec.request(
-            Opcode.DELETE, vbucket=vb, opaque=o, cas=cas, key=k, framing_extras=fe), False)
+        return _Op(Opcode.DELETE, k, vb, codec.request(
+            Opcode.DELETE, vbucket=vb, cas=cas, key=k, framing_extras=fe), False)
 
     @staticmethod
     def _mutation_result(op: _Op, r: Frame | BaseException) -> MutationResult | BaseException:
+        if type(r) is tuple:
+            if r[1] is None:
+                return MutationResult(op.key, op.vbucket, r[0])
+            return MutationResult(op.key, op.vbucket, r[0], r[1], r[2])
         if isinstance(r, BaseException):
             return r
         if r.status != Status.SUCCESS:
@@ -380,7 +456,7 @@ class KvClient:
         for key in keys:
             k = _key(key)
             vb = codec.vbucket_for_key(k, self.num_vbuckets)
-            ops.append(_Op(Opcode.GET, k, vb, functools.partial(_get_request, vb, k), True))
+            ops.append(_Op(Opcode.GET, k, vb, _get_request(vb, k), True))
         out: dict[bytes, GetResult] = {}
         for op, r in zip(ops, await self._execute(ops), strict=True):
             if isinstance(r, BaseException):
@@ -406,7 +482,10 @@ class KvClient:
                 exception per item.
         """
         pairs = items.items() if isinstance(items, Mapping) else items
-        ops = [self._store_op(Opcode.SET, k, v, flags, expiry, 0, durable) for k, v in pairs]
+        if durable:
+            ops = [self._store_op(Opcode.SET, k, v, flags, expiry, 0, durable) for k, v in pairs]
+        else:
+            ops = self._set_ops(pairs, flags, expiry)
         return await self._write_many(ops)
 
     async def delete_many(self, keys: Iterable[str | bytes], *,
@@ -424,6 +503,6 @@ class KvClient:
         return results  # type: ignore[return-value]
 
 
-def _get_request(vb: int, key: bytes, opaque: int) -> bytes:
-    return codec.request(Opcode.GET, vbucket=vb, opaque=opaque, key=key)
+def _get_request(vb: int, key: bytes) -> bytes:
+    return codec.request(Opcode.GET, vbucket=vb, key=key)
 

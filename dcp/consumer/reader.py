@@ -16,6 +16,15 @@ Rules of this module:
 - Dead connections: after one noop interval with nothing read, a plain NOOP (0x0A)
   probes the server (java-dcp-client does the same: a producer's noop timer may start
   late); after a second silent interval the connection is declared dead.
+- Runs of mutations of the snapshot being assembled (what a server sends between two
+  markers) take a shorter path: one ``unpack_from`` of header + extras per frame and the
+  per-stream counters added once per run, not per item.
+- While any connection is reading, the process's generation-0 GC threshold is raised
+  (``_GcTuning``): every event is one GC-tracked object that lives until its snapshot is
+  handed out, so at CPython's default (700) a collection ran every few hundred items and
+  doubled the cost per item (measured with 1024 vbuckets and 1000-item snapshots: 0.56 M
+  vs 0.94 M items per CPU-second). The previous threshold is restored when the last
+  connection stops reading, unless the application changed it meanwhile.
 - Stream-request answers: OK adopts the failover log; ROLLBACK resets the session state
   and emits a ``RollbackEvent`` (or raises ``RollbackError`` under the fail policy);
   NOT_MY_VBUCKET/ETMPFAIL/EBUSY/ENOMEM are retried with backoff until the retry timeout;
@@ -26,6 +35,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import gc
 import struct
 from typing import Any
 
@@ -61,6 +71,34 @@ _ALL_MAGIC = _KNOWN_MAGIC | {0x08, 0x18}
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 _FATAL_END = frozenset((StreamEndStatus.FILTER_EMPTY, StreamEndStatus.LOST_PRIVILEGES))
 _STREAMING = StreamState.STREAMING
+#: gen-0 GC threshold while reading (tracked objects between collections; see the rules)
+GC_GEN0_THRESHOLD = 100_000
+
+
+class _GcTuning:
+    """Reference-counted raise of the gen-0 GC threshold (one per reading connection)."""
+
+    users = 0
+    saved: tuple[int, int, int] | None = None
+    applied: tuple[int, int, int] | None = None
+
+    @classmethod
+    def enter(cls) -> None:
+        cls.users += 1
+        if cls.users == 1:
+            cur = gc.get_threshold()
+            if cur[0] and cur[0] < GC_GEN0_THRESHOLD:
+                cls.saved = cur
+                cls.applied = (GC_GEN0_THRESHOLD, cur[1], cur[2])
+                gc.set_threshold(*cls.applied)
+
+    @classmethod
+    def exit(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0 and cls.saved is not None:
+            if gc.get_threshold() == cls.applied:  # the application did not change it
+                gc.set_threshold(*cls.saved)
+            cls.saved = cls.applied = None
 
 
 class StreamReader:
@@ -97,6 +135,13 @@ class StreamReader:
         raise NotImplementedError
 
     async def read_loop(self) -> None:
+        _GcTuning.enter()
+        try:
+            await self._read_loop()
+        finally:
+            _GcTuning.exit()
+
+    async def _read_loop(self) -> None:
         # The hot path, kept in one frame on purpose (locals bound, no per-item calls).
         receive = self._stream.receive_some
         size = self.cfg.receive_size
@@ -108,6 +153,7 @@ class StreamReader:
         delivery = self.delivery
         slow = self._slow
         stats = self.stats
+        hdr_mut = _HDR_MUT
         pending: list[bytes] = []
         pending_len = 0
         need = 24
@@ -147,10 +193,48 @@ class StreamReader:
             self._slow_snap = 0
             self._uncounted = 0
             self._replies = None
+            # The fast run: mutations of ``cur``'s open snapshot (see the module rules).
+            cur: Any = None
+            cur_opq = -1
+            cur_append: Any = None
+            cur_end = 0
+            cur_vb = 0
+            run = 0  # wire bytes of the run not yet added to cur.held / snap
+            nrun = 0  # items of the run not yet counted
             try:
-                while n - pos >= 24:
-                    magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
-                    end = pos + 24 + body
+                while True:
+                    if n - pos >= 55:
+                        (magic, op, kl, el, dt, vb, body, opq, cas, by, rev, flg, exp, lk,
+                         _nm, _nru) = hdr_mut(buf, pos)
+                        end = pos + 24 + body
+                        if (opq == cur_opq and op == 0x57 and magic == 0x80 and el == 31
+                                and end <= n and kl + 31 <= body):
+                            a = pos + 55
+                            b = a + kl
+                            cur_append(Mutation(cur_vb, by, rev, cas, flg, exp, lk, dt,
+                                                buf[a:b], buf[b:end]))
+                            run += end - pos
+                            nrun += 1
+                            pos = end
+                            if by >= cur_end:
+                                cur.held += run
+                                snap += run
+                                items += nrun
+                                run = nrun = 0
+                                out.append(cur.complete(fc, commit_fn))
+                                cur_opq = -1
+                            continue
+                    elif n - pos < 24:
+                        break
+                    else:
+                        magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
+                        end = pos + 24 + body
+                    if nrun:
+                        cur.held += run
+                        snap += run
+                        items += nrun
+                        run = nrun = 0
+                    cur_opq = -1
                     if end > n:
                         if magic not in _ALL_MAGIC:
                             raise RemoteProtocolError(f"bad magic 0x{magic:02x}")
@@ -192,18 +276,24 @@ class StreamReader:
                             items += 1
                             if raw:
                                 raw_out.append(ev)  # type: ignore[union-attr]
-                            else:
-                                st.items.append(ev)
-                                fsz = end - pos
-                                st.held += fsz
-                                snap += fsz
-                            if by >= st.end:
-                                batch = st.complete(fc, commit_fn)
-                                if raw:
-                                    raw_out.append(CommitPoint(batch))  # type: ignore[union-attr]
-                                else:
-                                    out.append(batch)
+                                if by >= st.end:
+                                    raw_out.append(  # type: ignore[union-attr]
+                                        CommitPoint(st.complete(fc, commit_fn)))
+                                pos = end
+                                continue
+                            st.items.append(ev)
+                            fsz = end - pos
+                            st.held += fsz
+                            snap += fsz
                             pos = end
+                            if by >= st.end:
+                                out.append(st.complete(fc, commit_fn))
+                            else:  # the next mutations of this snapshot take the fast run
+                                cur = st
+                                cur_opq = opq
+                                cur_append = st.items.append
+                                cur_end = st.end
+                                cur_vb = st.vbucket
                             continue
                     if magic == 0x80 and op == 0x56 and el == 20 and body == 20 and not raw:
                         # V1 snapshot marker of a streaming vbucket: no Frame needed
@@ -214,12 +304,16 @@ class StreamReader:
                             (_m, _o, _k, _e, _d, _v, _b, _q, _c, ms, me,
                              mf) = _HDR_MARKER(buf, pos)
                             st.start = ms
-                            st.end = me if me < st.end_seqno else st.end_seqno
+                            st.end = cur_end = me if me < st.end_seqno else st.end_seqno
                             st.flags = mf
                             st.open = True
                             st.held += 44
                             snap += 44
                             pos = end
+                            cur = st
+                            cur_opq = opq
+                            cur_append = st.items.append
+                            cur_vb = st.vbucket
                             continue
                     slow(buf, pos, end, magic, op, kl, el, dt, vb, body, opq, cas, out, raw_out)
                     pos = end
@@ -228,6 +322,10 @@ class StreamReader:
                     delivery.put_many(out)
                 raise
             finally:
+                if nrun:
+                    cur.held += run
+                    snap += run
+                    items += nrun
                 stats["items"] += items
             if pos < n:
                 rest = buf[pos:]

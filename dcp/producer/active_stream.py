@@ -8,6 +8,13 @@ Rules of this module:
   checkpoint at ``take()`` time, so later deduplication cannot change what a marker
   promised. A disk backfill is one logical snapshot ``[first, P]``; memory items with
   seqno <= P are skipped afterwards, so the hand-over has no gap and no duplicate.
+- Memory snapshots are read as wire runs (``Cursor.take_wire``): byte ranges of frames
+  the checkpoint encoded once, copied into the send buffer with this stream's opaque
+  patched in; flow control and the batch size still cut between frames. Streams that
+  strip values (``no_value``) take items and encode each frame.
+- A stream ends with OK only after a snapshot reaching its end seqno is completely out:
+  a memory snapshot when its last segment is written, a disk snapshot when the backfill
+  says it is done (its items arrive in chunks while it is being sent).
 - State changes go through ``_transition`` and only along this table::
 
       PENDING ──► BACKFILLING ──► IN_MEMORY ──► DEAD
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
@@ -28,6 +36,7 @@ from typing import Any
 
 from ..protocol import codec
 from ..protocol.opcodes import Opcode, SnapshotMarkerFlag, StreamEndStatus
+from .engine.checkpoint import WireRun
 
 __all__ = ["ActiveStream", "StreamOptions", "StreamState"]
 
@@ -37,6 +46,7 @@ _HDR = struct.Struct(">BBHBBHIIQ").pack
 _MUT = Opcode.DCP_MUTATION
 _DEL = Opcode.DCP_DELETION
 _EXP = Opcode.DCP_EXPIRATION
+_DISK = int(SnapshotMarkerFlag.DISK)
 _TAKE_ITEMS = 4096
 
 
@@ -109,9 +119,11 @@ class ActiveStream:
         self.end_status: StreamEndStatus | None = None
         self._on_backfill = on_backfill
         self._queue: deque[Any] = deque()  # _Marker | list[Item] | _BACKFILL_DONE
-        self._cur: list[Any] | None = None  # items list being sent
+        self._cur: list[Any] | WireRun | None = None  # items list or wire run being sent
         self._cur_i = 0
         self._cur_end = 0  # snapshot end of the snapshot being sent
+        self._cur_disk = False  # the snapshot being sent is a disk (backfill) snapshot
+        self._opaque_bytes = opaque.to_bytes(4, "big")
         self._end_sent = False
         self.announced = False  # its stream-request OK has been written
         self.conn: Any = None
@@ -195,12 +207,22 @@ class ActiveStream:
         while len(buf) < max_bytes:
             if not buffer_log.can_send():
                 return True
-            if self._cur is not None:
-                self._write_items(buf, buffer_log, max_bytes)
+            cur = self._cur
+            if cur is not None:
+                if cur.__class__ is WireRun:
+                    self._write_run(buf, buffer_log, max_bytes)
+                else:
+                    self._write_items(buf, buffer_log, max_bytes)
                 if self._cur is not None:
                     return True
-                if self._cur_end >= self.end_seqno and self.end_status is None:
-                    self.set_end(StreamEndStatus.OK)
+                q = self._queue
+                if not self._cur_disk and (not q or q[0].__class__ is _Marker
+                                           or q[0] is _BACKFILL_DONE):
+                    # the last segment of a memory snapshot: the snapshot is out
+                    if self._cur_end > self.last_sent_seqno:
+                        self.last_sent_seqno = self._cur_end
+                    if self._cur_end >= self.end_seqno and self.end_status is None:
+                        self.set_end(StreamEndStatus.OK)
                 continue
             if self.end_status is not None:
                 if not self._end_sent:
@@ -221,13 +243,20 @@ class ActiveStream:
                 buf += frame
                 buffer_log.record(len(frame))
                 self._cur_end = entry.end
+                self._cur_disk = bool(entry.flags & _DISK)
                 if entry.end >= self.end_seqno and not self._queue:
                     # Marker of an empty final snapshot: nothing else to send.
                     self.set_end(StreamEndStatus.OK)
             elif entry is _BACKFILL_DONE:
                 if self.state is StreamState.BACKFILLING:
                     self._transition(StreamState.IN_MEMORY)
-                if self._cur_end >= self.end_seqno or self.last_sent_seqno >= self.end_seqno:
+                if self._cur_disk:  # the disk snapshot is complete
+                    self._cur_disk = False
+                    if self._cur_end > self.last_sent_seqno:
+                        self.last_sent_seqno = min(self._cur_end, self.end_seqno)
+                if (self._cur_end >= self.end_seqno or self.last_sent_seqno >= self.end_seqno
+                        or self.skip_until >= self.end_seqno):
+                    # (skip_until: the disk covered the end even if it held no item there)
                     self.set_end(StreamEndStatus.OK)
             else:
                 self._cur = entry
@@ -241,26 +270,59 @@ class ActiveStream:
         cursor = self.cursor
         if cursor.dropped:
             self._cursor_dropped()
-            return False
-        snaps = cursor.take(_TAKE_ITEMS)
-        if not snaps:
-            return False
+            if self.state is not StreamState.IN_MEMORY or self.cursor is None:
+                return False  # the backfill task marks the stream ready when it has data
+            cursor = self.cursor  # re-registered in memory: keep reading, or it stalls
         skip = self.skip_until
         end = self.end_seqno
         q = self._queue
-        for snap in snaps:
-            items = snap.items
-            s_end = snap.end
+        if self.options.no_value:
+            snaps = cursor.take(_TAKE_ITEMS)
+            if not snaps:
+                return False
+            for snap in snaps:
+                items = snap.items
+                s_end = snap.end
+                if s_end <= skip:
+                    continue
+                if items and items[0].seqno <= skip:
+                    items = [it for it in items if it.seqno > skip]
+                if s_end > end:  # keep the real end in the marker (see push_backfill_marker)
+                    items = [it for it in items if it.seqno <= end]
+                if not items:
+                    continue
+                q.append(_Marker(items[0].seqno, s_end, int(snap.flags)))
+                q.append(items)
+                self.last_read_seqno = min(s_end, end)
+                if s_end >= end:
+                    break
+            return bool(q)
+        wsnaps = cursor.take_wire(_TAKE_ITEMS)
+        if not wsnaps:
+            return False
+        for ws in wsnaps:
+            s_end = ws.end
             if s_end <= skip:
                 continue
-            if items and items[0].seqno <= skip:
-                items = [it for it in items if it.seqno > skip]
-            if s_end > end:  # keep the real end in the marker (see push_backfill_marker)
-                items = [it for it in items if it.seqno <= end]
-            if not items:
-                continue
-            q.append(_Marker(items[0].seqno, s_end, int(snap.flags)))
-            q.append(items)
+            segs = ws.segments
+            if ws.start <= skip or s_end > end:
+                # keep (skip, end]; the marker keeps the real end (see push_backfill_marker)
+                segs = _cut_segments(segs, skip, end)
+                if not segs:
+                    continue
+            first = segs[0]
+            start = first.seqno(0) if first.__class__ is WireRun else first.seqno
+            q.append(_Marker(start, s_end, ws.flags))
+            group: list[Any] | None = None
+            for seg in segs:
+                if seg.__class__ is WireRun:
+                    group = None
+                    q.append(seg)
+                elif group is None:
+                    group = [seg]
+                    q.append(group)
+                else:
+                    group.append(seg)
             self.last_read_seqno = min(s_end, end)
             if s_end >= end:
                 break
@@ -309,7 +371,7 @@ class ActiveStream:
         while i < n:
             it = items[i]
             op = it.op
-            if op == _MUT and fast:
+            if op == _MUT and fast and it.body:
                 body = it.body
                 kl = len(it.key)
                 frame_len = 24 + len(body)
@@ -335,12 +397,71 @@ class ActiveStream:
         buffer_log.record(sent_bytes)
         if i >= n:
             self._cur = None
-            self.last_sent_seqno = max(last, self._cur_end)
+
+    def _write_run(self, buf: bytearray, buffer_log: Any, max_bytes: int) -> None:
+        """The hot path: copy frames of a wire run, as many as the batch and the window
+        allow (the last one may overshoot, as with items), patching in our opaque."""
+        run = self._cur
+        assert run is not None and run.__class__ is WireRun
+        i = self._cur_i
+        starts = run.starts
+        k = len(starts)
+        room = max_bytes - len(buf)
+        window = buffer_log.window
+        if window:
+            w = window - buffer_log.outstanding
+            if w < room:
+                room = w
+        b0 = starts[i]
+        # frames [i, j): the last one is the first whose end reaches ``room`` bytes
+        j = bisect_left(starts, b0 + room, i + 1, k) if room < run.end - b0 else k
+        b1 = starts[j] if j < k else run.end
+        ob = self._opaque_bytes
+        wire = run.wire
+        ckpt = run.ckpt
+        if ckpt.wire is wire and (ckpt.stamp_opaque == ob or ckpt.stamp_from == ckpt.stamp_upto):
+            # our opaque is (or becomes) the one stamped in the wire: see checkpoint.py
+            lo = ckpt.stamp_from
+            hi = ckpt.stamp_upto
+            if lo <= b0 and b1 <= hi:
+                buf += wire[b0:b1]  # stamped already: a plain copy
+            else:
+                if lo == hi or b0 > hi or b1 < lo:  # disjoint: (re)start the stamped range
+                    lo = hi = b0
+                p0 = len(buf)
+                buf += wire[b0:b1]  # a sequential read first: the patches below hit cache
+                for st in starts[i:j]:
+                    if st < lo or st >= hi:
+                        wire[st + 12:st + 16] = ob
+                with memoryview(wire) as mv:
+                    buf[p0:] = mv[b0:b1]
+                ckpt.stamp_opaque = ob
+                ckpt.stamp_from = min(lo, b0)
+                ckpt.stamp_upto = max(hi, b1)
+        else:
+            base = len(buf) - b0 + 12
+            buf += wire[b0:b1]
+            for st in starts[i:j]:
+                p = base + st
+                buf[p:p + 4] = ob
+        nbytes = b1 - b0
+        self.items_sent += j - i
+        self.bytes_sent += nbytes
+        buffer_log.record(nbytes)
+        self.last_sent_seqno = run.seqno(j - 1)
+        if j >= k:
+            self._cur = None
+        else:
+            self._cur_i = j
 
     def _encode_other(self, it: Any) -> bytes:
         opts = self.options
         op = it.op
         if op == _MUT:
+            if not opts.no_value:  # a queued mutation (its frame lives in the wire log)
+                return codec.mutation(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,
+                                      it.value, cas=it.cas, datatype=it.datatype,
+                                      flags=it.flags, expiry=it.expiry)
             return codec.mutation(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key, b"",
                                   cas=it.cas,
                                   datatype=it.datatype if opts.keep_datatype else 0,
@@ -370,3 +491,18 @@ class ActiveStream:
             "cursor_dropped": bool(cursor is not None and cursor.dropped),
             "backfill_buffered_bytes": self.backfill_bytes,
         }
+
+
+def _cut_segments(segs: list, skip: int, end: int) -> list:
+    """The parts of ``segs`` (wire runs and items, seqno order) with skip < seqno <= end."""
+    out: list = []
+    for seg in segs:
+        if seg.__class__ is WireRun:
+            n = len(seg)
+            lo = seg.count_upto(skip) if seg.seqno(0) <= skip else 0
+            hi = seg.count_upto(end) if seg.seqno(n - 1) > end else n
+            if lo < hi:
+                out.append(seg if lo == 0 and hi == n else seg.cut(lo, hi))
+        elif skip < seg.seqno <= end:
+            out.append(seg)
+    return out

@@ -3,6 +3,10 @@
 Rules of this module:
 - The reader parses every complete frame of each ``receive_some`` and handles them
   synchronously (``kv_handlers`` / ``dcp_handlers``); it never writes to the socket.
+  Framing is done inline (the same validation as ``dcp.protocol.FrameReader``: a header
+  is checked before its body is awaited) so that a plain SET, the bulk of pipelined
+  ingest, goes to ``kv_handlers.set_fast`` without a ``Frame``; the answers of one
+  received chunk are queued as one response, in request order.
 - The writer is the only task that writes. Per wake-up it packs queued responses (in
   request order) and then stream frames (round robin over ready streams, within the
   flow-control window) into one buffer and makes one ``send_all``.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +31,7 @@ import trio
 
 from ..protocol import codec
 from ..protocol.errors import RemoteProtocolError
-from ..protocol.frames import FrameReader
+from ..protocol.frames import Frame, FrameReader
 from ..protocol.opcodes import Magic, Opcode, Status, StreamEndStatus
 from .active_stream import ActiveStream, StreamOptions
 from .buffer_log import BufferLog
@@ -39,6 +44,11 @@ __all__ = ["Connection", "Pending"]
 log = logging.getLogger("dcp.conn")
 _ids = itertools.count(1)
 _RECEIVE_SIZE = 256 * 1024
+_HDR = struct.Struct(">BBHBBHIIQ").unpack_from
+_HDR_STORE = struct.Struct(">BBHBBHIIQII").unpack_from  # header + SET extras
+_KNOWN_MAGIC = frozenset(int(m) for m in Magic)
+_ALT_MAGIC = frozenset((int(Magic.ALT_REQUEST), int(Magic.ALT_RESPONSE)))
+_RESPONSES = frozenset((int(Magic.RESPONSE), int(Magic.ALT_RESPONSE)))
 
 
 class Pending:
@@ -171,10 +181,13 @@ class Connection:
     async def _reader(self) -> None:
         from .dcp_handlers import handle_response
         from .dispatch import HANDLERS, unknown_command
+        from .kv_handlers import set_fast
 
-        reader = self.reader
         server = self.server
         cap = server.config.connection_output_cap
+        max_body = self.reader.max_body_size
+        pending = b""  # the incomplete frame at the end of the last chunk
+        need = 24
         while True:
             while self._response_bytes > cap:
                 self._space = trio.Event()
@@ -189,28 +202,86 @@ class Connection:
                 return
             self.last_read = trio.current_time()
             self.bytes_in += len(data)
+            buf = pending + data if pending else bytes(data)
+            n = len(buf)
+            if n < need:
+                pending = buf
+                continue
+            need = 24
+            pos = 0
+            count = 0
+            out = bytearray()  # answers of fast-path SETs, in order
+            refusal: str | None = None
             try:
-                reader.feed(data)
-                frames = reader.read_frames()
+                while n - pos >= 24:
+                    if n - pos >= 32:
+                        magic, op, kl, el, dt, vb, body, opq, cas, flags, exp = _HDR_STORE(
+                            buf, pos)
+                    else:
+                        magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
+                        flags = exp = -1
+                    if magic in _ALT_MAGIC:
+                        fel = kl >> 8
+                        kl &= 0xFF
+                    elif magic in _KNOWN_MAGIC:
+                        fel = 0
+                    else:
+                        raise RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
+                    if body > max_body:
+                        raise RemoteProtocolError(f"body of {body} bytes exceeds the limit of "
+                                                  f"{max_body} (opcode 0x{op:02x})")
+                    if fel + el + kl > body:
+                        raise RemoteProtocolError(
+                            f"framing extras {fel} + extras {el} + key {kl} exceed body length "
+                            f"{body} (opcode 0x{op:02x})")
+                    end = pos + 24 + body
+                    if end > n:
+                        need = 24 + body
+                        break
+                    count += 1
+                    if op == 0x01 and magic == 0x80 and el == 8 and kl and flags >= 0:
+                        if refusal is None:
+                            refusal = server.write_refusal()
+                        if not refusal:
+                            k = pos + 32
+                            if set_fast(self, vb, buf[k:k + kl], buf[k + kl:end], flags, exp,
+                                        cas, dt, opq, out):
+                                pos = end
+                                continue
+                    if out:  # answers stay in request order
+                        self.respond(bytes(out))
+                        out = bytearray()
+                    a = pos + 24
+                    b = a + fel
+                    c = b + el
+                    d = c + kl
+                    frame = Frame(magic, op, dt, vb, opq, cas, buf[a:b] if fel else b"",
+                                  buf[b:c], buf[c:d], buf[d:end])
+                    pos = end
+                    if magic in _RESPONSES:
+                        handle_response(self, frame)
+                        continue
+                    handler = HANDLERS.get(op, unknown_command)
+                    try:
+                        handler(self, frame)
+                    except RemoteProtocolError as exc:
+                        self.error(op, Status.EINVAL, opq, str(exc))
+                    if self.closed:
+                        return
             except RemoteProtocolError as exc:
                 # The byte stream can't be resynchronised: answer once, then close.
+                if out:
+                    self.respond(bytes(out))
                 log.warning("bad frame from id=%d peer=%s: %s", self.id, self.peer, exc)
                 self.error(0, Status.EINVAL, 0, str(exc))
                 await self._drain(1.0)
                 self.close_reason = f"protocol error: {exc}"
                 return
-            self.frames_in += len(frames)
-            for frame in frames:
-                if frame.magic == Magic.RESPONSE or frame.magic == Magic.ALT_RESPONSE:
-                    handle_response(self, frame)
-                    continue
-                handler = HANDLERS.get(frame.opcode, unknown_command)
-                try:
-                    handler(self, frame)
-                except RemoteProtocolError as exc:
-                    self.error(frame.opcode, Status.EINVAL, frame.opaque, str(exc))
-                if self.closed:
-                    return
+            finally:
+                self.frames_in += count
+            if out:
+                self.respond(bytes(out))
+            pending = buf[pos:] if pos < n else b""
             server.wake_dirty()
 
     async def _drain(self, timeout: float) -> None:

@@ -9,10 +9,17 @@ Rules of this module:
   seqno is persisted (``Connection.respond_when_persisted``).
 - Writes are refused with ETMPFAIL while storage is failing or checkpoint memory is far
   over quota: accepting them would only grow memory that cannot be flushed.
+- ``set_fast`` is the pipelined-ingest path the connection's reader takes for a plain
+  SET (magic 0x80, 8-byte extras, no framing extras) straight from the received bytes:
+  the same checks, engine call and response as ``store``, without building a ``Frame``,
+  appending the response to the reader's per-chunk output. Anything it does not handle
+  the ordinary way (an error, a refusal, a misrouted key) makes it return False and the
+  reader sends the request through ``store``.
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import TYPE_CHECKING
 
@@ -37,6 +44,11 @@ _SUPPORTED_FEATURES = {
 }
 _PERSIST_LEVELS = (DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
                    DurabilityLevel.PERSIST_TO_MAJORITY)
+_SET = int(Opcode.SET)
+_MUTATION_SEQNO = int(HelloFeature.MUTATION_SEQNO)
+_resp_seqno = struct.Struct(">BBHBBHIIQQQ").pack  # response header + vb_uuid + seqno
+_resp_plain = struct.Struct(">BBHBBHIIQ").pack
+_crc32 = zlib.crc32
 
 
 def hello(conn: Connection, f: Frame) -> None:
@@ -131,6 +143,27 @@ def store(conn: Connection, f: Frame) -> None:
         conn.error(f.opcode, exc.status, f.opaque, str(exc))
         return
     _finish_write(conn, f, f.vbucket, result)
+
+
+def set_fast(conn: Connection, vbid: int, key: bytes, value: bytes, flags: int, expiry: int,
+             cas: int, datatype: int, opaque: int, out: bytearray) -> bool:
+    """A plain SET from the reader's fast path (see the module rules); True when handled
+    (its response appended to ``out``), False to send it through ``store`` instead."""
+    bucket = conn.server.bucket
+    n = bucket.num_vbuckets
+    if vbid >= n or ((_crc32(key) >> 16) & 0x7FFF) & (n - 1) != vbid or not 0 < len(key) <= 250:
+        return False
+    try:
+        result = bucket._vbuckets[vbid].store(key, value, flags, expiry, cas, datatype, 0)
+    except StatusError:
+        return False  # ``store`` repeats the checks and answers the error
+    if _MUTATION_SEQNO in conn.features:
+        out += _resp_seqno(0x81, _SET, 0, 16, 0, 0, 16, opaque, result.cas, result.vb_uuid,
+                           result.seqno)
+    else:
+        out += _resp_plain(0x81, _SET, 0, 0, 0, 0, 0, opaque, result.cas)
+    conn.server.metrics.op(_SET)
+    return True
 
 
 def delete(conn: Connection, f: Frame) -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import trio
 
-from dcp.protocol import Opcode, SnapshotMarkerFlag, Status, StreamEndStatus, codec
+from dcp.protocol import (
+    Opcode,
+    SnapshotMarkerFlag,
+    Status,
+    StreamEndStatus,
+    StreamRequestFlag,
+    codec,
+)
 
 from .conftest import client_of, running_server
 from .wire import WireClient, items_of, keys_for_vb, markers_of
@@ -198,3 +205,41 @@ async def test_a_cut_inside_a_snapshot_keeps_the_real_snapshot_end_in_the_marker
     frames = await client.read_stream_until(is_end)
     assert [(s, e) for s, e, _ in markers_of(frames)] == [(2, 3)]
     assert [s for _, s, _, _ in items_of(frames)] == [2]
+
+
+async def test_a_bounded_stream_served_from_disk_sends_every_chunk_before_ending(tmp_path) -> None:
+    """Regression (found by the Spark connector): a finite stream whose disk snapshot
+    reaches its end seqno used to end after the first backfill chunk."""
+    async with running_server(tmp_path / "d", num_vbuckets=1) as server:
+        async with client_of(server) as c:
+            await c.set_many([(b"key-%05d" % i, b"v") for i in range(10_000)])
+    async with running_server(tmp_path / "d", num_vbuckets=1) as server:  # disk only now
+        async with client_of(server) as c:
+            await c.dcp_open("t-bounded-disk")
+            await c.control("connection_buffer_size", str(1 << 20))
+            assert (await c.stream_req(0, end=9_000)).status == Status.SUCCESS
+            frames = await c.read_stream_until(is_end, ack=True, timeout=30)
+            assert codec.parse_stream_end(frames[-1]) == StreamEndStatus.OK
+            assert [s for _, s, _, _ in items_of(frames)] == list(range(1, 9_001))
+
+
+async def test_a_bounded_stream_whose_range_has_no_items_left_still_ends(tmp_path) -> None:
+    async with running_server(tmp_path / "d", num_vbuckets=1, tombstone_purge_age=0.0) as srv:
+        async with client_of(srv) as c:
+            await c.set_many([(b"a", b"1"), (b"b", b"2")])
+            await c.delete(b"b")  # seqno 3: a tombstone, then purged
+            await srv.flush_all()
+            from dcp.producer.tasks import compact_now
+
+            assert await compact_now(srv) == 1
+    async with running_server(tmp_path / "d", num_vbuckets=1) as server:
+        async with client_of(server) as c:
+            await c.dcp_open("t-empty-tail")
+            uuid = server.bucket.vbucket(0).uuid
+            r = await c.stream_req(0, start=2, uuid=uuid, end=3)
+            assert r.status == Status.ROLLBACK  # below the purge seqno
+            r = await c.stream_req(0, start=2, uuid=uuid, end=3,
+                                   flags=StreamRequestFlag.IGNORE_PURGED_TOMBSTONES)
+            assert r.status == Status.SUCCESS
+            frames = await c.read_stream_until(is_end, timeout=10)
+            assert codec.parse_stream_end(frames[-1]) == StreamEndStatus.OK

@@ -15,10 +15,28 @@ Rules of this module:
   later one, which is why ``max_items`` is a soft limit that never splits a snapshot.
 - ``num_cursors`` on each checkpoint counts the cursors positioned in it; every cursor
   move keeps it right, since it decides when a closed checkpoint may be freed.
+- The wire log: a checkpoint also keeps the DCP_MUTATION frame of every mutation slot,
+  encoded once at queue time with opaque 0, back to back in one ``bytearray`` (``wire``;
+  ``starts`` holds each slot's offset; a frame's length and seqno are read from its own
+  header and extras when needed). Streams read runs of live mutation
+  slots as byte ranges (``Cursor.take_wire``), so sending a snapshot is a few copies of
+  contiguous memory plus a 4-byte opaque patch per frame, and never touches the items
+  (scattered in memory: per-item reads were the cost; perf notes in docs/benchmarks.md).
+  ``kinds`` has one byte per slot: 1 a live mutation (its frame is in the wire), 2 a
+  live other item (deletion, expiration: encoded per stream), 0 superseded; runs are
+  found with ``bytearray.find`` (C speed), and superseded or other slots break them.
+  The wire is append-only; compaction (``CheckpointManager``) replaces it with a new
+  object, and captured runs keep the old one alive, so what a run promised never
+  changes. Only the 4 opaque bytes of a frame are ever rewritten: the first stream to
+  send a contiguous range stamps its opaque into the wire itself (``stamp_*``), and
+  streams with the same opaque (consumers built alike ask for the same one) then copy
+  that range without touching each frame; any other stream patches its own copy.
 """
 
 from __future__ import annotations
 
+import struct
+from array import array
 from typing import TYPE_CHECKING
 
 from ...protocol.opcodes import SnapshotMarkerFlag
@@ -27,8 +45,16 @@ if TYPE_CHECKING:
     from .checkpoint_manager import CheckpointManager
     from .item import Item
 
-__all__ = ["Checkpoint", "Cursor", "CursorRegistration", "Snapshot"]
+__all__ = ["Checkpoint", "Cursor", "CursorRegistration", "Snapshot", "WireRun", "WireSnapshot"]
 
+#: ``Checkpoint.kinds`` values
+DEAD = 0
+LIVE_FRAME = 1
+LIVE_OTHER = 2
+DEAD_BYTE = bytes([DEAD])
+OTHER_BYTE = bytes([LIVE_OTHER])
+_BODYLEN = struct.Struct(">I").unpack_from  # at a frame's offset + 8
+_SEQNO = struct.Struct(">Q").unpack_from  # a mutation's by_seqno, at offset + 24
 _MEMORY = int(SnapshotMarkerFlag.MEMORY)
 _MEMORY_CHECKPOINT = int(SnapshotMarkerFlag.MEMORY | SnapshotMarkerFlag.CHECKPOINT)
 
@@ -40,8 +66,9 @@ class Checkpoint:
     seqno + 1), ``last_seqno`` the seqno of its last item (``start_seqno - 1`` if empty).
     """
 
-    __slots__ = ("closed", "id", "index", "items", "last_seqno", "mem", "next", "num_cursors",
-                 "start_seqno")
+    __slots__ = ("closed", "id", "index", "items", "kinds", "last_seqno", "mem", "next",
+                 "num_cursors", "stamp_from", "stamp_opaque", "stamp_upto", "start_seqno",
+                 "starts", "wire", "wire_dead")
 
     def __init__(self, ckpt_id: int, start_seqno: int) -> None:
         self.id = ckpt_id
@@ -53,6 +80,63 @@ class Checkpoint:
         self.num_cursors = 0
         self.next: Checkpoint | None = None
         self.closed = False
+        # the wire log (module rules): frames of mutation slots, per-slot offsets/seqnos
+        self.wire = bytearray()
+        self.starts = array("q")  # per slot: offset of its frame in ``wire``
+        self.kinds = bytearray()  # per slot: LIVE_FRAME, LIVE_OTHER or DEAD
+        self.wire_dead = 0  # bytes of superseded frames still in ``wire``
+        # live frames starting in [stamp_from, stamp_upto) of ``wire`` carry stamp_opaque
+        self.stamp_from = 0
+        self.stamp_upto = 0
+        self.stamp_opaque = b""
+
+    def release(self) -> None:
+        """Drop everything (the checkpoint was freed); captured runs keep their wire."""
+        self.items = []
+        self.index = {}
+        self.wire = bytearray()
+        self.starts = array("q")
+        self.kinds = bytearray()
+        self.wire_dead = 0
+        self.stamp_from = self.stamp_upto = 0
+
+    def segments(self, a: int, b: int) -> tuple[list[WireRun | Item], int, int]:
+        """Live slots ``[a, b)`` as runs of wire frames and single other items, in slot
+        order; also their count and the first live seqno. ``b - 1`` must be live."""
+        kinds = self.kinds
+        find = kinds.find
+        items = self.items
+        starts = self.starts
+        wire = self.wire
+        segs: list[WireRun | Item] = []
+        count = 0
+        first = -1
+        s = a
+        while s < b:
+            k = kinds[s]
+            if k == LIVE_FRAME:
+                stop = find(DEAD_BYTE, s, b)
+                other = find(OTHER_BYTE, s, stop if stop >= 0 else b)
+                if other >= 0:
+                    stop = other
+                elif stop < 0:
+                    stop = b
+                last = starts[stop - 1]
+                segs.append(WireRun(self, wire, starts[s:stop],
+                                    last + 24 + _BODYLEN(wire, last + 8)[0]))
+                count += stop - s
+                if first < 0:
+                    first = _SEQNO(wire, starts[s] + 24)[0]
+                s = stop
+                continue
+            if k == LIVE_OTHER:
+                it = items[s]
+                segs.append(it)  # type: ignore[arg-type]
+                count += 1
+                if first < 0:
+                    first = it.seqno  # type: ignore[union-attr]
+            s += 1
+        return segs, count, first
 
     @property
     def num_items(self) -> int:
@@ -91,6 +175,68 @@ class Snapshot:
     def __repr__(self) -> str:
         return (f"Snapshot({self.start}..{self.end}, flags=0x{self.flags:02x}, "
                 f"{len(self.items)} items)")
+
+
+class WireRun:
+    """Consecutive live mutation frames of one checkpoint's wire, captured at take time:
+    ``starts`` are their offsets in ``wire`` (frame i ends where i + 1 starts; the last
+    ends at ``end``). Frames carry opaque 0: a stream patches its own opaque into its
+    copy. Read-only once made."""
+
+    __slots__ = ("ckpt", "end", "starts", "wire")
+
+    def __init__(self, ckpt: Checkpoint, wire: bytearray, starts: array, end: int) -> None:
+        self.ckpt = ckpt
+        self.wire = wire
+        self.starts = starts
+        self.end = end
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def seqno(self, i: int) -> int:
+        """By-seqno of frame ``i`` (from its extras)."""
+        return _SEQNO(self.wire, self.starts[i] + 24)[0]
+
+    def count_upto(self, seqno: int) -> int:
+        """How many frames have a seqno <= ``seqno`` (frames are in seqno order)."""
+        lo, hi = 0, len(self.starts)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.seqno(mid) <= seqno:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def cut(self, lo: int, hi: int) -> WireRun:
+        """Frames ``[lo, hi)`` of this run."""
+        end = self.starts[hi] if hi < len(self.starts) else self.end
+        return WireRun(self.ckpt, self.wire, self.starts[lo:hi], end)
+
+    def __repr__(self) -> str:
+        if not self.starts:
+            return "WireRun(empty)"
+        return (f"WireRun({len(self.starts)} frames, seqnos {self.seqno(0)}.."
+                f"{self.seqno(len(self.starts) - 1)})")
+
+
+class WireSnapshot:
+    """A snapshot as ``take_wire`` hands it out: ``segments`` are ``WireRun``s and the
+    ``Item``s that are not in the wire (deletions, expirations), in seqno order."""
+
+    __slots__ = ("count", "end", "flags", "segments", "start")
+
+    def __init__(self, start: int, end: int, flags: int, segments: list, count: int) -> None:
+        self.start = start
+        self.end = end
+        self.flags = flags
+        self.segments = segments
+        self.count = count
+
+    def __repr__(self) -> str:
+        return (f"WireSnapshot({self.start}..{self.end}, flags=0x{self.flags:02x}, "
+                f"{self.count} items in {len(self.segments)} segments)")
 
 
 class Cursor:
@@ -135,6 +281,35 @@ class Cursor:
         self._move(ckpt, offset)
         self.last_seqno = last
         return snaps
+
+    def take_wire(self, max_items: int) -> list[WireSnapshot]:
+        """``take`` for streams: the same snapshots and cursor moves, as wire runs."""
+        ckpt = self._ckpt
+        if ckpt is None:
+            return []
+        off = self._offset
+        last = self.last_seqno
+        out: list[WireSnapshot] = []
+        n = 0
+        while True:
+            end = len(ckpt.items)
+            if off >= end:
+                nxt = ckpt.next
+                if nxt is None:
+                    break
+                ckpt, off = nxt, 0
+                continue
+            if n >= max_items:
+                break
+            segs, count, first = ckpt.segments(off, end)
+            last = ckpt.last_seqno  # slot end - 1: the last slot is never superseded
+            out.append(WireSnapshot(first, last, _MEMORY_CHECKPOINT if off == 0 else _MEMORY,
+                                    segs, count))
+            n += count
+            off = end
+        self._move(ckpt, off)
+        self.last_seqno = last
+        return out
 
     def peek(self, max_items: int) -> tuple[list[Snapshot], tuple[Checkpoint, int, int]]:
         """Like ``take`` but without moving; returns the position to ``advance_to`` later.

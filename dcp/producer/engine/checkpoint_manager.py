@@ -10,19 +10,44 @@ Rules of this module:
   memory is accounted in bytes in the bucket-wide ``CheckpointMemory``.
 - Cursor dropping (memory pressure) is decided bucket-wide by the bucket; this class
   only offers candidates (``droppable_cursors``) and drops the ones it is told to.
+- ``queue`` also appends a mutation's frame to the open checkpoint's wire log (see
+  ``checkpoint.py``); the frame is charged with the item (as the DCP body it carries)
+  and refunded when the item is superseded. Superseded frames stay in the wire until
+  it is compacted, which happens once they are more than half of it (and over
+  ``WIRE_COMPACT_MIN``): what is held but not charged stays within that bound per open
+  checkpoint.
 """
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from .checkpoint import Checkpoint, Cursor, CursorRegistration
+from .checkpoint import DEAD, LIVE_FRAME, LIVE_OTHER, Checkpoint, Cursor, CursorRegistration
 from .item import ITEM_OVERHEAD, Item
 
 __all__ = ["PERSISTENCE_CURSOR", "CheckpointManager", "CheckpointMemory"]
 
 PERSISTENCE_CURSOR = "persistence"
+#: superseded wire bytes an open checkpoint may hold before compaction is considered
+WIRE_COMPACT_MIN = 16 * 1024
+
+_MUT = 0x57
+_frame_head = struct.Struct(">BBHBBHIIQ").pack  # opaque 0: a stream patches its own in
+_frame_head_extras = struct.Struct(">BBHBBHIIQQQIIIHB").pack  # + mutation extras
+_BODYLEN = struct.Struct(">I").unpack_from
+#: (key length, value length) -> pack of a whole mutation frame (header, extras, key,
+#: value) in one call; bounded, sizes beyond it are packed in three steps
+_FRAME_PACKS: dict[tuple[int, int], Callable[..., bytes]] = {}
+_FRAME_PACKS_MAX = 4096
+
+
+def _frame_pack(kl: int, vl: int) -> Callable[..., bytes] | None:
+    pack = _FRAME_PACKS.get((kl, vl))
+    if pack is None and len(_FRAME_PACKS) < _FRAME_PACKS_MAX:
+        pack = _FRAME_PACKS[(kl, vl)] = struct.Struct(f">BBHBBHIIQQQIIIHB{kl}s{vl}s").pack
+    return pack
 
 
 class CheckpointMemory:
@@ -69,16 +94,55 @@ class CheckpointManager:
         """Append ``item`` to the open checkpoint, superseding that key's older slot."""
         ckpt = self._open
         key = item.key
-        size = len(key) + len(item.value) + len(item.body) + ITEM_OVERHEAD
+        value = item.value
+        body = item.body
         items = ckpt.items
+        wire = ckpt.wire
+        ckpt.starts.append(len(wire))
+        if item.op == _MUT:
+            kl = len(key)
+            if body:
+                flen = 24 + len(body)
+                wire += _frame_head(0x80, _MUT, kl, 31, item.datatype, self.vbid, len(body), 0,
+                                    item.cas)
+                wire += body
+            else:
+                vl = len(value)
+                flen = 55 + kl + vl
+                pack = _frame_pack(kl, vl)
+                if pack is not None:
+                    wire += pack(0x80, _MUT, kl, 31, item.datatype, self.vbid, 31 + kl + vl, 0,
+                                 item.cas, item.seqno, item.rev_seqno, item.flags, item.expiry,
+                                 0, 0, 0, key, value)
+                else:
+                    wire += _frame_head_extras(0x80, _MUT, kl, 31, item.datatype, self.vbid,
+                                               31 + kl + vl, 0, item.cas, item.seqno,
+                                               item.rev_seqno, item.flags, item.expiry, 0, 0, 0)
+                    wire += key
+                    wire += value
+            ckpt.kinds.append(LIVE_FRAME)
+            # A frame is charged as the DCP body it carries: its 24-byte header and the
+            # per-slot entries are part of ITEM_OVERHEAD (they replace the body object a
+            # queued mutation no longer has).
+            size = len(key) + len(value) + len(body) + flen - 24 + ITEM_OVERHEAD
+        else:
+            ckpt.kinds.append(LIVE_OTHER)
+            size = len(key) + len(value) + len(body) + ITEM_OVERHEAD
         index = ckpt.index
         slot = index.get(key)
         if slot is not None:
             old = items[slot]
             items[slot] = None
             size -= len(old.key) + len(old.value) + len(old.body) + ITEM_OVERHEAD  # type: ignore[union-attr]
+            if ckpt.kinds[slot] == LIVE_FRAME:
+                dead = 24 + _BODYLEN(wire, ckpt.starts[slot] + 8)[0]
+                size -= dead - 24
+                ckpt.wire_dead += dead
+            ckpt.kinds[slot] = DEAD
         index[key] = len(items)
         items.append(item)
+        if ckpt.wire_dead > WIRE_COMPACT_MIN and 2 * ckpt.wire_dead > len(wire):
+            self._compact(ckpt)
         ckpt.mem += size
         ckpt.last_seqno = item.seqno
         mem = self._memory
@@ -87,6 +151,22 @@ class CheckpointManager:
             self._close_open()
         if mem.used > mem.threshold:
             mem.on_pressure()
+
+    @staticmethod
+    def _compact(ckpt: Checkpoint) -> None:
+        """Copy the live frames into a new wire (captured runs keep the old one)."""
+        old = ckpt.wire
+        new = bytearray()
+        starts = ckpt.starts
+        kinds = ckpt.kinds
+        for slot in sorted(ckpt.index.values()):
+            a = starts[slot]
+            starts[slot] = len(new)
+            if kinds[slot] == LIVE_FRAME:
+                new += old[a:a + 24 + _BODYLEN(old, a + 8)[0]]
+        ckpt.wire = new
+        ckpt.wire_dead = 0
+        ckpt.stamp_from = ckpt.stamp_upto = 0
 
     def create_checkpoint(self) -> int:
         """Close the open checkpoint now (if it holds anything); returns the open id.
@@ -123,8 +203,7 @@ class CheckpointManager:
             ckpts.popleft()
             freed += first.mem
             first.mem = 0
-            first.items = []
-            first.index = {}
+            first.release()
         if freed:
             mem = self._memory
             mem.used -= freed

@@ -4,8 +4,11 @@ Rules of this module:
 - An ``Item`` is created once, when the change gets its seqno, and never modified after
   that (read-only by convention; slotted, positional constructor for speed: an item is
   built on every write, perf-baseline §6).
-- A mutation's DCP body (31-byte extras + key + value) is encoded once, here, so fanning
-  it out to many streams only packs a 24-byte header. Deletions and expirations carry
+- A mutation's wire form is encoded once: a queued mutation's whole DCP frame goes into
+  its checkpoint's wire log (``checkpoint.py``) and the item itself carries
+  ``body == b""``; a mutation read back from disk (backfill) carries its stored DCP body
+  (31-byte extras + key + value), so sending it only packs a 24-byte header.
+  ``Item.mutation`` still builds a body (tests, tools). Deletions and expirations carry
   ``body == b""``: the server encodes them (they depend on negotiated features).
 - ``ItemOp`` values are the DCP opcodes of the message that carries the item.
 """

@@ -22,7 +22,6 @@ import heapq
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from ...protocol.codec import MUTATION_EXTRAS
 from ...protocol.errors import InvalidArguments, KeyExists, KeyNotFound, NotMyVbucket, TooBig
 from ...protocol.opcodes import Status, VBucketState
 from .checkpoint_manager import CheckpointManager, CheckpointMemory
@@ -42,7 +41,6 @@ _MUTATION = int(ItemOp.MUTATION)
 _DELETION = int(ItemOp.DELETION)
 _EXPIRATION = int(ItemOp.EXPIRATION)
 _RELATIVE_EXPIRY_MAX = 30 * 24 * 3600
-_mut_pack = MUTATION_EXTRAS.pack  # the DCP mutation body, as codec.mutation_body builds it
 
 
 class StoreMode:
@@ -191,8 +189,9 @@ class VBucket:
         if new_cas <= self._max_cas:
             new_cas = self._max_cas + 1
         self._max_cas = new_cas
+        # No body: the checkpoint encodes the frame into its wire log (checkpoint.py)
         item = Item(self.vbid, seqno, rev, new_cas, flags, expiry, datatype, key, value,
-                    _MUTATION, 0, _mut_pack(seqno, rev, flags, expiry, 0, 0, 0) + key + value)
+                    _MUTATION, 0, b"")
         index[key] = (seqno, rev, new_cas, flags, expiry, datatype, 0)
         if expiry:
             heapq.heappush(self._expiries, (expiry, seqno, key))
