@@ -179,11 +179,16 @@ class ActiveStream:
 
     # ------------------------------------------------------------------ backfill input
 
-    def push_backfill_marker(self, start: int, end: int) -> None:
+    def push_backfill_marker(self, start: int, end: int, *,
+                             may_contain_duplicates: bool = False) -> None:
         # The marker keeps the real snapshot end even past end_seqno: a client that asked
         # for a cut inside a (deduplicated) snapshot must be able to see that its cut is
         # not a consistent point. Items past end_seqno are never sent.
+        # With a history window the disk keeps superseded versions, so a disk snapshot may
+        # repeat keys: it says so (0x20) rather than break the "each key once" rule quietly.
         flags = SnapshotMarkerFlag.DISK | (SnapshotMarkerFlag.HISTORY if self.history else 0)
+        if may_contain_duplicates or self.history:
+            flags |= SnapshotMarkerFlag.MAY_CONTAIN_DUPLICATES
         self._queue.append(_Marker(start, end, int(flags)))
         self.last_read_seqno = max(self.last_read_seqno, min(end, self.end_seqno))
 

@@ -142,7 +142,9 @@ async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
                 if first:
                     first = False
                     if items:
-                        stream.push_backfill_marker(items[0].seqno, end)
+                        stream.push_backfill_marker(
+                            items[0].seqno, end,
+                            may_contain_duplicates=scan.may_contain_duplicates)
                 if not items:
                     break
                 nbytes = 55 * len(items) + sum(len(it.key) + len(it.value) for it in items)

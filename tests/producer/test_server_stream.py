@@ -243,3 +243,25 @@ async def test_a_bounded_stream_whose_range_has_no_items_left_still_ends(tmp_pat
             assert r.status == Status.SUCCESS
             frames = await c.read_stream_until(is_end, timeout=10)
             assert codec.parse_stream_end(frames[-1]) == StreamEndStatus.OK
+
+
+async def test_disk_snapshots_that_may_repeat_keys_say_so(tmp_path) -> None:
+    """With a history window the disk keeps superseded versions: a plain client's disk
+    snapshot then carries MAY_CONTAIN_DUPLICATES, a change-stream one HISTORY too."""
+    async with running_server(tmp_path / "d", num_vbuckets=1, history_seconds=3600) as server:
+        async with client_of(server) as c:
+            await c.set(b"user:1", b"v1")
+            await c.set(b"user:1", b"v2")
+    async with running_server(tmp_path / "d", num_vbuckets=1, history_seconds=3600) as server:
+        for change_streams in (False, True):
+            async with client_of(server) as c:
+                await c.dcp_open(f"t-hist-{change_streams}")
+                if change_streams:
+                    assert (await c.control("change_streams", "true")).status == 0
+                await c.stream_req(0, end=2)
+                frames = await c.read_stream_until(is_end)
+                ((_, _, flags),) = markers_of(frames)
+                assert flags & SnapshotMarkerFlag.DISK
+                assert flags & SnapshotMarkerFlag.MAY_CONTAIN_DUPLICATES
+                assert bool(flags & SnapshotMarkerFlag.HISTORY) == change_streams
+                assert [v for _, _, _, v in items_of(frames)] == [b"v1", b"v2"]
