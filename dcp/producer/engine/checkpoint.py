@@ -82,7 +82,7 @@ class Checkpoint:
         self.closed = False
         # the wire log (module rules): frames of mutation slots, per-slot offsets/seqnos
         self.wire = bytearray()
-        self.starts = array("q")  # per slot: offset of its frame in ``wire``
+        self.starts = array("I")  # per slot: offset of its frame in ``wire`` (< 4 GiB)
         self.kinds = bytearray()  # per slot: LIVE_FRAME, LIVE_OTHER or DEAD
         self.wire_dead = 0  # bytes of superseded frames still in ``wire``
         # live frames starting in [stamp_from, stamp_upto) of ``wire`` carry stamp_opaque
@@ -95,7 +95,7 @@ class Checkpoint:
         self.items = []
         self.index = {}
         self.wire = bytearray()
-        self.starts = array("q")
+        self.starts = array("I")
         self.kinds = bytearray()
         self.wire_dead = 0
         self.stamp_from = self.stamp_upto = 0

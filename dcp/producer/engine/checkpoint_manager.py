@@ -15,7 +15,10 @@ Rules of this module:
   and refunded when the item is superseded. Superseded frames stay in the wire until
   it is compacted, which happens once they are more than half of it (and over
   ``WIRE_COMPACT_MIN``): what is held but not charged stays within that bound per open
-  checkpoint.
+  checkpoint. When a checkpoint closes, its superseded frames are dropped from the wire
+  and its superseded slots (kept so cursor positions stay valid) are charged
+  ``DEAD_SLOT_BYTES`` each: a cursor that stalls behind many closed checkpoints pins
+  that memory, and the quota must see it to drop the cursor.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ __all__ = ["PERSISTENCE_CURSOR", "CheckpointManager", "CheckpointMemory"]
 PERSISTENCE_CURSOR = "persistence"
 #: superseded wire bytes an open checkpoint may hold before compaction is considered
 WIRE_COMPACT_MIN = 16 * 1024
+#: what a superseded slot still costs: its list entry, wire offset and kind byte
+DEAD_SLOT_BYTES = 13
+#: a checkpoint closes before its wire reaches this (wire offsets are 32-bit)
+_WIRE_MAX = 3 << 30
 
 _MUT = 0x57
 _frame_head = struct.Struct(">BBHBBHIIQ").pack  # opaque 0: a stream patches its own in
@@ -147,7 +154,8 @@ class CheckpointManager:
         ckpt.last_seqno = item.seqno
         mem = self._memory
         mem.used += size
-        if len(items) >= self._max_items or ckpt.mem >= self._max_bytes:
+        if (len(items) >= self._max_items or ckpt.mem >= self._max_bytes
+                or len(ckpt.wire) >= _WIRE_MAX):
             self._close_open()
         if mem.used > mem.threshold:
             mem.on_pressure()
@@ -180,6 +188,13 @@ class CheckpointManager:
     def _close_open(self) -> None:
         old = self._open
         old.closed = True
+        if old.wire_dead:
+            self._compact(old)
+        dead_slots = len(old.items) - len(old.index)
+        if dead_slots:
+            charge = dead_slots * DEAD_SLOT_BYTES
+            old.mem += charge
+            self._memory.used += charge
         new = Checkpoint(self._next_id, old.last_seqno + 1)
         self._next_id += 1
         old.next = new

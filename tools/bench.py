@@ -1,0 +1,251 @@
+"""Benchmarks of dcp-server + the SDK against Redis Streams, side by side, same run.
+
+Usage (see docs/benchmarks.md)::
+
+    .venv/bin/python tools/bench.py all                        # everything, full size
+    .venv/bin/python tools/bench.py stream-memory --reps 5     # one scenario
+    .venv/bin/python tools/bench.py all --tiny --json          # CI-sized, machine-readable
+    .venv/bin/python tools/bench.py all --output r.json --plot docs/img/benchmarks.png
+    .venv/bin/python tools/bench.py plot r.json docs/img/benchmarks.png
+    .venv/bin/python tools/bench.py setup                      # install redis-server (root)
+
+Scenarios: ceiling, stream-memory, stream-disk, ingest, fanout, latency, slow-consumer.
+Each starts its own servers on loopback ports (ours: ``dcp-server --port 0`` as a
+subprocess; the peer: ``redis-server`` on a free port with persistence off), runs ours and
+the peer alternately for ``--reps`` repetitions, and reports medians, min-max, ours/peer,
+server and client CPU seconds of the measured phase, and peak RSS.
+
+Needs (the ``bench`` extra): psutil, redis, hiredis, matplotlib (plots only), and
+optionally py-spy (``--profile``). The machine is noisy: compare only numbers of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import bench_report
+from bench_procs import BenchError, ensure_redis
+from bench_scenarios import SCENARIOS, Ctx
+
+ORDER = list(SCENARIOS)
+DEFAULTS = {
+    "items": 1_000_000, "fanout_items": 200_000, "slow_items": 10_000_000, "keys": 100_000,
+    "seconds": 30.0, "rate": 10_000, "clients": [1, 4, 16], "quota_mib": 256.0, "reps": 3,
+    "vbuckets": 1024, "batch": 1000, "value_size": 100, "timeout": 900.0,
+    "profile": None, "output": None, "plot": None, "only": None, "server_arg": None,
+    "slow_reps": None, "code_root": None,
+}
+TINY = {
+    "items": 3000, "fanout_items": 2000, "slow_items": 20_000, "keys": 2000, "seconds": 1.0,
+    "rate": 2000, "clients": [1, 2], "quota_mib": 1.0, "reps": 1, "vbuckets": 16,
+    "timeout": 60.0,
+}
+
+
+def _common(p: argparse.ArgumentParser, scenario: str) -> None:
+    g = p.add_argument_group("sizes")
+    g.add_argument("--items", type=int, help="items written / streamed (per scenario default)")
+    g.add_argument("--reps", type=int, help="repetitions (ours and the peer alternate)")
+    g.add_argument("--vbuckets", type=int, help="server vbuckets (default 1024)")
+    g.add_argument("--batch", type=int, help="writes per pipelined batch, both sides (1000)")
+    g.add_argument("--value-size", type=int, help="value bytes (100; keys are 16 bytes)")
+    if scenario in ("latency", "all"):
+        g.add_argument("--seconds", type=float, help="latency: seconds of writing (30)")
+        g.add_argument("--rate", type=int, help="latency: writes per second (10000)")
+    if scenario in ("fanout", "all"):
+        g.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")],
+                       help="fanout: consumer counts, comma-separated (1,4,16)")
+    if scenario in ("slow-consumer", "all"):
+        g.add_argument("--keys", type=int, help="slow-consumer: distinct keys (100000)")
+        g.add_argument("--quota-mib", type=float, help="slow-consumer: checkpoint quota (256)")
+    if scenario == "all":
+        g.add_argument("--fanout-items", type=int, help="fanout items (200000)")
+        g.add_argument("--slow-items", type=int, help="slow-consumer writes (10000000)")
+        g.add_argument("--slow-reps", type=int, help="slow-consumer repetitions (--reps)")
+        g.add_argument("--only", help="comma-separated scenarios to run (default: all)")
+    g.add_argument("--tiny", action="store_true", help="CI size: everything tiny (seconds)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the JSON document on stdout")
+    o.add_argument("--output", help="also write the JSON document to this file")
+    o.add_argument("--plot", help="write a PNG plot of the results (matplotlib)")
+    r = p.add_argument_group("running")
+    r.add_argument("--no-peer", action="store_true", help="skip the Redis half")
+    r.add_argument("--no-install", action="store_true",
+                   help="never apt-get install redis-server, even as root")
+    r.add_argument("--timeout", type=float, help="seconds any one step may take (900)")
+    r.add_argument("--keep", action="store_true", help="keep scratch dirs and logs")
+    r.add_argument("--profile", help="py-spy record our server into this directory")
+    r.add_argument("--code-root", help="run server and clients from another checkout of "
+                   "the project (A/B: e.g. a git worktree of an older commit)")
+    r.add_argument("--server-arg", action="append", metavar="NAME=VALUE",
+                   help="extra dcp-server setting, e.g. log_level=WARNING (repeatable)")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in [*ORDER, "all"]:
+        _common(sub.add_parser(name, help=f"run {name}"), name)
+    p = sub.add_parser("plot", help="plot a saved JSON document")
+    p.add_argument("input")
+    p.add_argument("png")
+    p = sub.add_parser("table", help="print a saved JSON document as a table")
+    p.add_argument("input")
+    p.add_argument("--markdown", action="store_true")
+    sub.add_parser("setup", help="install redis-server (apt-get, root) and check packages")
+    return ap.parse_args(argv)
+
+
+def options(ns: argparse.Namespace) -> argparse.Namespace:
+    """Defaults, --tiny, then explicit flags; ``--items`` of fanout / slow-consumer means
+    their own item counts."""
+    o = dict(DEFAULTS)
+    if ns.tiny:
+        o.update(TINY)
+    given = {k: v for k, v in vars(ns).items() if v is not None}
+    if ns.cmd == "fanout" and "items" in given:
+        given["fanout_items"] = given.pop("items")
+    if ns.cmd == "slow-consumer" and "items" in given:
+        given["slow_items"] = given.pop("items")
+    o.update(given)
+    o["log_dir"] = tempfile.mkdtemp(prefix="dcp-bench-logs-")
+    return argparse.Namespace(**o)
+
+
+def _steps(o: argparse.Namespace, names: list[str], peer: bool) -> int:
+    sides = 2 if peer else 1
+    n = 0
+    for name in names:
+        if name == "fanout":
+            n += o.reps * sides * len(o.clients)
+        elif name in ("ceiling",):
+            n += o.reps * 2
+        elif name == "stream-disk":
+            n += o.reps
+        elif name == "slow-consumer":
+            n += o.slow_reps or o.reps
+        else:
+            n += o.reps * sides
+    return n
+
+
+def run(o: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    reason = "--no-peer" if o.no_peer else ensure_redis(install=not o.no_install)
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    results: dict[str, Any] = {}
+    tty = sys.stderr.isatty()
+    progress = None
+    if tty:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        progress = Progress(TextColumn("{task.description:<36}"), BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
+        progress.start()
+        task = progress.add_task("starting", total=_steps(o, names, reason is None))
+    last = [None]
+
+    def step(desc: str) -> None:
+        if progress is not None:
+            if last[0] is not None:
+                progress.advance(task)
+            progress.update(task, description=desc)
+            last[0] = desc
+
+    if o.code_root:
+        os.environ["DCP_BENCH_CODE_ROOT"] = str(Path(o.code_root).resolve())
+    if o.profile:
+        Path(o.profile).mkdir(parents=True, exist_ok=True)
+        os.environ["DCP_BENCH_PROFILE"] = str(Path(o.profile).resolve())
+    ctx = Ctx(o, reason, step)
+    try:
+        for name in names:
+            t0 = time.perf_counter()
+            os.environ["DCP_BENCH_SCENARIO"] = name
+            results[name] = SCENARIOS[name](ctx)
+            results[name]["wall_s"] = round(time.perf_counter() - t0, 1)
+    finally:
+        if progress is not None:
+            progress.stop()
+    bench_report.annotate(results)
+    opts = {k: v for k, v in vars(o).items() if k not in ("json", "output", "plot")}
+    return {
+        "tool": "tools/bench.py",
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "tools/bench.py",
+                                                      *sys.argv[1:]]),
+        "started_at": started,
+        "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": bench_report.machine(),
+        "options": opts,
+        "peer": None if reason else "redis-server (persistence off) + redis-py",
+        "peer_skipped": reason,
+        "results": results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse(sys.argv[1:] if argv is None else argv)
+    if ns.cmd == "setup":
+        why = ensure_redis(install=True)
+        missing = []
+        for mod in ("psutil", "redis", "hiredis", "matplotlib", "rich"):
+            try:
+                __import__(mod)
+            except ImportError:
+                missing.append(mod)
+        print("redis peer:", "ready" if why is None else why)
+        print("python packages:", "all present" if not missing else
+              f"missing {' '.join(missing)} (pip install {' '.join(missing)})")
+        return 0 if why is None and not missing else 1
+    if ns.cmd in ("plot", "table"):
+        doc = json.loads(Path(ns.input).read_text())
+        if ns.cmd == "plot":
+            bench_report.plot(doc, ns.png)
+        elif ns.markdown:
+            print(bench_report.markdown_table(doc))
+        else:
+            bench_report.print_table(doc)
+        return 0
+    o = options(ns)
+    names = ORDER if ns.cmd == "all" else [ns.cmd]
+    if ns.cmd == "all" and getattr(ns, "only", None):
+        names = [n for n in ORDER if n in ns.only.split(",")]
+    try:
+        doc = run(o, names)
+    except BenchError as exc:
+        print(f"bench.py: {exc}", file=sys.stderr)
+        return 1
+    text = json.dumps(doc, indent=1)
+    if o.output:
+        Path(o.output).write_text(text)
+    if o.plot:
+        bench_report.plot(doc, o.plot)
+    if o.json:
+        print(text)
+    else:
+        bench_report.print_table(doc)
+        if doc["peer_skipped"]:
+            print(f"peer skipped: {doc['peer_skipped']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
