@@ -209,10 +209,14 @@ def plot(doc: dict[str, Any], path: str) -> None:
     ax.bar([x + 0.2 for x in xs], peer, 0.4, label="Redis Streams + redis-py/hiredis",
            color="#d62728")
     for x, n in zip(xs, names, strict=True):
-        o = res[n]["ours"]
-        ax.errorbar(x - 0.2, o["median"] / 1e3, yerr=[[(o["median"] - o["min"]) / 1e3],
-                                                      [(o["max"] - o["median"]) / 1e3]],
-                    color="k", capsize=3)
+        for dx, s in ((-0.2, res[n]["ours"]), (0.2, res[n].get("peer"))):
+            if not s or s.get("median") is None:
+                continue
+            ax.errorbar(x + dx, s["median"] / 1e3, yerr=[[(s["median"] - s["min"]) / 1e3],
+                                                         [(s["max"] - s["median"]) / 1e3]],
+                        color="k", capsize=3)
+            ax.text(x + dx, s["max"] / 1e3, f"{s['median'] / 1e3:,.0f}", ha="center",
+                    va="bottom", fontsize=8)
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("k items/s (median, bars = min-max)")
     ax.set_title("Throughput per scenario")
@@ -254,20 +258,26 @@ def plot(doc: dict[str, Any], path: str) -> None:
     slow = res.get("slow-consumer")
     if slow:
         run = slow["ours"]["runs"][0]
-        ts = [s[0] for s in run["rss_samples"]]
-        ax.plot(ts, [s[1] for s in run["rss_samples"]], label="server RSS")
+        samples = run["rss_samples"]
+        ts = [s[0] for s in samples]
+        ax.plot(ts, [s[1] for s in samples], label="server RSS")
+        if samples and len(samples[0]) >= 5:
+            ax.plot(ts, [s[3] for s in samples], lw=1, label="  anonymous (Python heap)")
+            ax.plot(ts, [s[4] for s in samples], lw=1, label="  file-backed (LMDB map)")
         ax.axhline(slow["quota_mib"], ls="--", color="gray", lw=1, label="checkpoint quota")
         ax.axhline(slow["limit_mib"], ls=":", color="r", lw=1, label="quota + 150 MiB")
-        for ph in ("drain", "done"):
-            t = next((s[0] for s in run["rss_samples"] if s[2] == ph), None)
-            if t is not None:
-                ax.axvline(t, color="k", lw=0.5)
-                ax.text(t, ax.get_ylim()[1] * 0.02, f" {ph}", fontsize=8)
+        if run.get("checkpoint_memory_mib_after_writes") is not None:
+            ax.plot([ts[-1]], [run["checkpoint_memory_mib_after_writes"]], "kx",
+                    label="checkpoint memory (accounted) after writes")
+        t = next((s[0] for s in samples if s[2] == "drain"), None)
+        if t is not None:
+            ax.axvline(t, color="k", lw=0.5)
+            ax.text(t, slow["limit_mib"] * 1.02, "resume ", fontsize=8, ha="right")
         ax.set_xlabel("seconds")
         ax.set_ylabel("MiB")
         ax.set_title(f"Slow consumer: {slow['params']['items']:,} writes, "
                      f"{slow['params']['keys']:,} keys, consumer stalled")
-        ax.legend(loc="upper left")
+        ax.legend(loc="lower right", fontsize=7)
     m = doc.get("machine", {})
     fig.suptitle(f"dcp bench on {m.get('cores')} cores, {m.get('cpu', '')} "
                  f"(medians of {doc.get('options', {}).get('reps')} reps)", fontsize=10)
