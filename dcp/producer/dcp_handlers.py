@@ -178,9 +178,6 @@ def stream_req(conn: Connection, f: Frame) -> None:
                  decision.reason)
         conn.error(f.opcode, decision.status, f.opaque, decision.reason)
         return
-    if decision.end < vb.high_seqno or (decision.end == vb.high_seqno and decision.end):
-        # A finite stream ends on a boundary that later writes can no longer dedup into.
-        vb.checkpoints.create_checkpoint()
     stream = ActiveStream(
         name=f"{conn.dcp_name}:{vbid}:{f.opaque}", vbucket=vb, opaque=f.opaque,
         start_seqno=decision.start, end_seqno=decision.end, options=conn.options,
@@ -193,6 +190,11 @@ def stream_req(conn: Connection, f: Frame) -> None:
     log.info("stream request name=%s vb=%d start=%d end=%d uuid=%d -> accepted", conn.dcp_name,
              vbid, decision.start, decision.end, decision.vb_uuid)
     stream.activate()
+    if decision.end < vb.high_seqno or (decision.end == vb.high_seqno and decision.end):
+        # A finite stream ends on a boundary that later writes can no longer dedup into.
+        # Closed only now that the stream's cursor pins it: closing it first could free a
+        # fully persisted checkpoint and turn a memory stream into a needless backfill.
+        vb.checkpoints.create_checkpoint()
     conn.announce_stream(stream)
 
 
