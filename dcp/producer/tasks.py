@@ -210,9 +210,17 @@ async def compact_now(server: DcpServer) -> int:
 
 
 async def run_housekeeping(server: DcpServer) -> None:
-    """Wake streams whose cursors were dropped, so they switch to backfill promptly."""
+    """Wake streams whose cursors were dropped, so they switch to backfill promptly.
+
+    The walk over every stream runs only after the bucket dropped a cursor: walking
+    16 x 1024 idle streams every 50 ms cost 0.12 CPU-s per second (docs/benchmarks.md)."""
+    seen = -1
     while True:
         await trio.sleep(0.05)
+        dropped = server.bucket.cursors_dropped
+        if dropped == seen:
+            continue
+        seen = dropped
         for stream in server.streams():
             cursor = stream.cursor
             if cursor is not None and cursor.dropped:
