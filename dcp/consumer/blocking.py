@@ -97,7 +97,28 @@ class _TrioThread:
             self._thread.join()
 
 
-class BlockingDcpClient:
+class _Facade:
+    """Enter once (starts the trio thread), close idempotently (stops and joins it)."""
+
+    _runner: _TrioThread
+    _entered: bool
+
+    def __enter__(self) -> Any:
+        if self._entered:
+            raise UsageError(f"a {type(self).__name__} can only be entered once")
+        self._entered = True
+        self._runner.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop, close the connection and join the thread. Idempotent."""
+        self._runner.close()
+
+
+class BlockingDcpClient(_Facade):
     """``DcpClient`` for synchronous code. Takes exactly ``DcpClient``'s arguments.
 
     Example::
@@ -114,20 +135,6 @@ class BlockingDcpClient:
         self._runner = _TrioThread(lambda: self._client, "dcp-consumer")
         self._ready: deque[Any] = deque()
         self._entered = False
-
-    def __enter__(self) -> BlockingDcpClient:
-        if self._entered:
-            raise UsageError("a BlockingDcpClient can only be entered once")
-        self._entered = True
-        self._runner.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Stop streaming, close the connection and join the thread. Idempotent."""
-        self._runner.close()
 
     def _bind(self, item: Any) -> Any:
         if type(item) is SnapshotBatch or type(item) is RollbackEvent:
@@ -173,26 +180,13 @@ class BlockingDcpClient:
         return self._client.statistics()
 
 
-class BlockingKvClient:
+class BlockingKvClient(_Facade):
     """``KvClient`` for synchronous code. Takes exactly ``KvClient``'s arguments."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._client = KvClient(*args, **kwargs)
         self._runner = _TrioThread(lambda: self._client, "dcp-kv")
         self._entered = False
-
-    def __enter__(self) -> BlockingKvClient:
-        if self._entered:
-            raise UsageError("a BlockingKvClient can only be entered once")
-        self._entered = True
-        self._runner.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._runner.close()
 
     def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:
         fn = getattr(self._client, method)
