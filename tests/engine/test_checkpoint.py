@@ -9,6 +9,7 @@ from dcp.producer.engine import (
     ItemOp,
     Snapshot,
 )
+from dcp.producer.engine.checkpoint_manager import COMPACT_MIN_SLOTS, DEAD_SLOT_BYTES
 from dcp.producer.engine.item import item_size
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 
@@ -157,8 +158,79 @@ def test_dedup_frees_the_superseded_item_memory() -> None:
     seq.put(b"a", value=b"x" * 100)
     one = mem.used
     seq.put(b"a", value=b"x" * 100)
-    assert mem.used == one
+    # only the superseded slot (until compaction removes it) is still charged
+    assert mem.used == one + DEAD_SLOT_BYTES
     assert mgr.checkpoints[0].num_items == 1
+
+
+def test_open_checkpoint_compacts_superseded_slots_and_keeps_cursors_in_place() -> None:
+    """10 keys rewritten 5000 times: slots stay bounded, every cursor still reads exactly
+    what it has not read yet (no gap, no repeat), whatever compaction removed under it."""
+    mgr, mem = manager(max_items=1_000_000)
+    seq = Seq(mgr)
+    keys = [b"k%d" % i for i in range(10)]
+    mid = mgr.register_cursor("mid", 0).cursor
+    seen: dict[bytes, int] = {}
+    last = 0
+    for round_ in range(5000):
+        seq.put(*keys, value=b"v%d" % round_)
+        if round_ % 37 == 0:  # the reader keeps up now and then, compaction in between
+            for s in mid.take(1 << 30):
+                for it in s.items:
+                    assert it.seqno > last  # never a repeat or a step back
+                    last = it.seqno
+                    seen[it.key] = it.seqno
+    ckpt = mgr.checkpoints[-1]
+    assert len(ckpt.items) <= 2 * len(keys) + COMPACT_MIN_SLOTS + 1
+    assert ckpt.gen > 0  # compaction did happen
+    for s in mid.take(1 << 30):
+        for it in s.items:
+            assert it.seqno > last
+            last = it.seqno
+            seen[it.key] = it.seqno
+    # the reader ends at the newest version of every key
+    assert last == seq.next - 1
+    newest = {it.key: it.seqno for it in ckpt.items if it is not None}
+    assert {k: seen[k] for k in keys} == newest
+    # memory: live items plus the (bounded) superseded slots, nothing else
+    dead = len(ckpt.items) - len(ckpt.index)
+    assert mem.used == ckpt.mem
+    assert dead * DEAD_SLOT_BYTES < mem.used
+
+
+def test_peek_mark_survives_compaction_of_its_checkpoint() -> None:
+    mgr, _ = manager(max_items=1_000_000)
+    seq = Seq(mgr)
+    seq.put(*[b"k%d" % i for i in range(5)])
+    p = mgr.persistence_cursor
+    snaps, mark = p.peek(100)
+    assert flat(snaps)[-1] == (5, b"k4")
+    # rewrite k0..k3 until compaction removes slots the mark counted
+    gen = mgr.checkpoints[-1].gen
+    while mgr.checkpoints[-1].gen == gen:
+        seq.put(b"k0", b"k1", b"k2", b"k3")
+    p.advance_to(mark)
+    assert p.last_seqno == 5
+    rest = flat(p.take(1 << 30))
+    # next: exactly the items written after seqno 5, newest version per key
+    assert rest and rest[0][0] > 5
+    assert sorted(k for _, k in rest) == [b"k0", b"k1", b"k2", b"k3"]
+
+
+def test_closed_checkpoint_holds_no_superseded_slots() -> None:
+    mgr, mem = manager(max_items=10)
+    seq = Seq(mgr)
+    reader = mgr.register_cursor("r", 0).cursor
+    seq.put(b"a", b"b")
+    assert flat(reader.take(100)) == [(1, b"a"), (2, b"b")]  # sits inside checkpoint 1
+    seq.put(b"a", b"b", b"a")
+    mgr.create_checkpoint()
+    closed = mgr.checkpoints[0]
+    assert closed.closed and None not in closed.items
+    assert [it.seqno for it in closed.items] == [4, 5]
+    assert mem.used == sum(c.mem for c in mgr.checkpoints)
+    seq.put(b"c")
+    assert flat(reader.take(100)) == [(4, b"b"), (5, b"a"), (6, b"c")]
 
 
 def test_memory_no_longer_covering_start_means_backfill_from_memory_start() -> None:

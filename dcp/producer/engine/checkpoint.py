@@ -3,9 +3,12 @@
 Rules of this module:
 - A checkpoint is a list of items in seqno order plus a dict key -> slot. Only the
   *open* checkpoint deduplicates: a newer item for a key it holds sets the old slot to
-  ``None`` and is appended (perf-baseline §5, design F: 2.5 M appends/s). Slots are
-  never removed, so a cursor position ``(checkpoint, offset)`` stays valid while the
-  checkpoint lives.
+  ``None`` and is appended (perf-baseline §5, design F: 2.5 M appends/s). Superseded
+  slots are removed only by compaction (``CheckpointManager``), which bumps ``gen`` and
+  re-places every cursor in the checkpoint from its ``last_seqno``: ``seqnos`` keeps each
+  slot's seqno (ascending), so "the slot after seqno s" is a bisection whatever was
+  removed. A position handed out earlier (``peek``) carries the ``gen`` it was taken at
+  and is re-placed the same way when it comes back.
 - Checkpoints are chained oldest -> newest through ``next``; a cursor walks that chain
   and never needs the manager to find its way.
 - A cursor hands out WHOLE snapshots only. A snapshot ends at a consistent point: the
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from bisect import bisect_right
 from typing import TYPE_CHECKING
 
 from ...protocol.opcodes import SnapshotMarkerFlag
@@ -66,9 +70,9 @@ class Checkpoint:
     seqno + 1), ``last_seqno`` the seqno of its last item (``start_seqno - 1`` if empty).
     """
 
-    __slots__ = ("closed", "id", "index", "items", "kinds", "last_seqno", "mem", "next",
-                 "num_cursors", "stamp_from", "stamp_opaque", "stamp_upto", "start_seqno",
-                 "starts", "wire", "wire_dead")
+    __slots__ = ("closed", "gen", "id", "index", "items", "kinds", "last_seqno", "mem", "next",
+                 "num_cursors", "seqnos", "stamp_from", "stamp_opaque", "stamp_upto",
+                 "start_seqno", "starts", "wire", "wire_dead")
 
     def __init__(self, ckpt_id: int, start_seqno: int) -> None:
         self.id = ckpt_id
@@ -84,6 +88,8 @@ class Checkpoint:
         self.wire = bytearray()
         self.starts = array("I")  # per slot: offset of its frame in ``wire`` (< 4 GiB)
         self.kinds = bytearray()  # per slot: LIVE_FRAME, LIVE_OTHER or DEAD
+        self.seqnos = array("Q")  # per slot: its item's seqno (ascending, dead slots too)
+        self.gen = 0  # bumped when compaction removes slots (offsets change)
         self.wire_dead = 0  # bytes of superseded frames still in ``wire``
         # live frames starting in [stamp_from, stamp_upto) of ``wire`` carry stamp_opaque
         self.stamp_from = 0
@@ -97,6 +103,8 @@ class Checkpoint:
         self.wire = bytearray()
         self.starts = array("I")
         self.kinds = bytearray()
+        self.seqnos = array("Q")
+        self.gen += 1
         self.wire_dead = 0
         self.stamp_from = self.stamp_upto = 0
 
@@ -145,15 +153,7 @@ class Checkpoint:
 
     def offset_after(self, seqno: int) -> int:
         """Slot of the first item with a seqno above ``seqno`` (len(items) if none)."""
-        items = self.items
-        if seqno < self.start_seqno:
-            return 0
-        if self.last_seqno <= seqno:
-            return len(items)
-        for i, it in enumerate(items):
-            if it is not None and it.seqno > seqno:
-                return i
-        return len(items)  # pragma: no cover - last slot is never None
+        return bisect_right(self.seqnos, seqno)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -181,11 +181,13 @@ class WireRun:
     """Consecutive live mutation frames of one checkpoint's wire, captured at take time:
     ``starts`` are their offsets in ``wire`` (frame i ends where i + 1 starts; the last
     ends at ``end``). Frames carry opaque 0: a stream patches its own opaque into its
-    copy. Read-only once made."""
+    copy. Read-only once made. A run read from disk (``BackfillScan.read_frames``) has
+    ``ckpt`` None: it belongs to one stream and already carries that stream's opaque."""
 
     __slots__ = ("ckpt", "end", "starts", "wire")
 
-    def __init__(self, ckpt: Checkpoint, wire: bytearray, starts: array, end: int) -> None:
+    def __init__(self, ckpt: Checkpoint | None, wire: bytearray, starts: array,
+                 end: int) -> None:
         self.ckpt = ckpt
         self.wire = wire
         self.starts = starts
@@ -311,21 +313,24 @@ class Cursor:
         self.last_seqno = last
         return out
 
-    def peek(self, max_items: int) -> tuple[list[Snapshot], tuple[Checkpoint, int, int]]:
+    def peek(self, max_items: int) -> tuple[list[Snapshot], tuple[Checkpoint, int, int, int]]:
         """Like ``take`` but without moving; returns the position to ``advance_to`` later.
 
         The flusher peeks at collect time and advances only once the batch is durable.
         """
         if self._ckpt is None:
-            return [], (None, 0, self.last_seqno)  # type: ignore[return-value]
+            return [], (None, 0, self.last_seqno, 0)  # type: ignore[return-value]
         snaps, ckpt, offset, last = self._read(max_items)
-        return snaps, (ckpt, offset, last)
+        return snaps, (ckpt, offset, last, ckpt.gen)
 
-    def advance_to(self, mark: tuple[Checkpoint, int, int]) -> None:
-        """Move to a position returned by ``peek`` (it stays valid: slots never move)."""
-        ckpt, offset, last = mark
+    def advance_to(self, mark: tuple[Checkpoint, int, int, int]) -> None:
+        """Move to a position returned by ``peek`` (re-placed by seqno if the checkpoint
+        was compacted since)."""
+        ckpt, offset, last, gen = mark
         if self._ckpt is None or ckpt is None:
             return
+        if gen != ckpt.gen:
+            offset = ckpt.offset_after(last)
         if (ckpt.id, offset) <= (self._ckpt.id, self._offset):
             return
         self._move(ckpt, offset)

@@ -12,18 +12,20 @@ Rules of this module:
   only offers candidates (``droppable_cursors``) and drops the ones it is told to.
 - ``queue`` also appends a mutation's frame to the open checkpoint's wire log (see
   ``checkpoint.py``); the frame is charged with the item (as the DCP body it carries)
-  and refunded when the item is superseded. Superseded frames stay in the wire until
-  it is compacted, which happens once they are more than half of it (and over
-  ``WIRE_COMPACT_MIN``): what is held but not charged stays within that bound per open
-  checkpoint. When a checkpoint closes, its superseded frames are dropped from the wire
-  and its superseded slots (kept so cursor positions stay valid) are charged
-  ``DEAD_SLOT_BYTES`` each: a cursor that stalls behind many closed checkpoints pins
-  that memory, and the quota must see it to drop the cursor.
+  and refunded when the item is superseded; the superseded slot itself stays, charged
+  ``DEAD_SLOT_BYTES``. Compaction (``_compact``) removes superseded slots and frames
+  once they are more than half of the checkpoint (and over ``COMPACT_MIN_SLOTS`` slots
+  or ``WIRE_COMPACT_MIN`` wire bytes), and always when a checkpoint closes: what is held
+  but not charged stays within that bound, and a closed checkpoint holds live items
+  only. Without slot compaction a stalled cursor let 10 M overwrites of 100 k keys pin
+  ~130 MiB of superseded slots (docs/benchmarks.md, slow-consumer).
 """
 
 from __future__ import annotations
 
 import struct
+from array import array
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -35,8 +37,10 @@ __all__ = ["PERSISTENCE_CURSOR", "CheckpointManager", "CheckpointMemory"]
 PERSISTENCE_CURSOR = "persistence"
 #: superseded wire bytes an open checkpoint may hold before compaction is considered
 WIRE_COMPACT_MIN = 16 * 1024
-#: what a superseded slot still costs: its list entry, wire offset and kind byte
-DEAD_SLOT_BYTES = 13
+#: superseded slots an open checkpoint may hold before compaction is considered
+COMPACT_MIN_SLOTS = 1024
+#: what a superseded slot still costs: its list entry, wire offset, seqno and kind byte
+DEAD_SLOT_BYTES = 21
 #: a checkpoint closes before its wire reaches this (wire offsets are 32-bit)
 _WIRE_MAX = 3 << 30
 
@@ -106,6 +110,7 @@ class CheckpointManager:
         items = ckpt.items
         wire = ckpt.wire
         ckpt.starts.append(len(wire))
+        ckpt.seqnos.append(item.seqno)
         if item.op == _MUT:
             kl = len(key)
             if body:
@@ -140,7 +145,8 @@ class CheckpointManager:
         if slot is not None:
             old = items[slot]
             items[slot] = None
-            size -= len(old.key) + len(old.value) + len(old.body) + ITEM_OVERHEAD  # type: ignore[union-attr]
+            size -= (len(old.key) + len(old.value) + len(old.body)  # type: ignore[union-attr]
+                     + ITEM_OVERHEAD - DEAD_SLOT_BYTES)
             if ckpt.kinds[slot] == LIVE_FRAME:
                 dead = 24 + _BODYLEN(wire, ckpt.starts[slot] + 8)[0]
                 size -= dead - 24
@@ -148,9 +154,11 @@ class CheckpointManager:
             ckpt.kinds[slot] = DEAD
         index[key] = len(items)
         items.append(item)
-        if ckpt.wire_dead > WIRE_COMPACT_MIN and 2 * ckpt.wire_dead > len(wire):
-            self._compact(ckpt)
         ckpt.mem += size
+        if ((ckpt.wire_dead > WIRE_COMPACT_MIN and 2 * ckpt.wire_dead > len(wire))
+                or (len(items) > 2 * len(index) and len(items) > COMPACT_MIN_SLOTS)):
+            self._compact(ckpt)  # refunds the dead slots itself
+            items = ckpt.items
         ckpt.last_seqno = item.seqno
         mem = self._memory
         mem.used += size
@@ -160,21 +168,50 @@ class CheckpointManager:
         if mem.used > mem.threshold:
             mem.on_pressure()
 
-    @staticmethod
-    def _compact(ckpt: Checkpoint) -> None:
-        """Copy the live frames into a new wire (captured runs keep the old one)."""
+    def _compact(self, ckpt: Checkpoint) -> int:
+        """Remove superseded slots and frames; returns the bytes refunded.
+
+        The live frames are copied into a new wire (captured runs keep the old one), and
+        every cursor in ``ckpt`` is re-placed after its ``last_seqno`` (checkpoint.py)."""
+        dead_slots = len(ckpt.items) - len(ckpt.index)
+        if not dead_slots and not ckpt.wire_dead:
+            return 0
         old = ckpt.wire
         new = bytearray()
         starts = ckpt.starts
         kinds = ckpt.kinds
-        for slot in sorted(ckpt.index.values()):
-            a = starts[slot]
-            starts[slot] = len(new)
-            if kinds[slot] == LIVE_FRAME:
+        items = ckpt.items
+        seqnos = ckpt.seqnos
+        n_items: list[Item | None] = []
+        n_starts = array("I")
+        n_kinds = bytearray()
+        n_seqnos = array("Q")
+        index = ckpt.index
+        for key, slot in sorted(index.items(), key=lambda kv: kv[1]):
+            index[key] = len(n_items)
+            n_items.append(items[slot])
+            n_starts.append(len(new))
+            n_seqnos.append(seqnos[slot])
+            k = kinds[slot]
+            n_kinds.append(k)
+            if k == LIVE_FRAME:
+                a = starts[slot]
                 new += old[a:a + 24 + _BODYLEN(old, a + 8)[0]]
+        ckpt.items = n_items
+        ckpt.starts = n_starts
+        ckpt.kinds = n_kinds
+        ckpt.seqnos = n_seqnos
         ckpt.wire = new
         ckpt.wire_dead = 0
         ckpt.stamp_from = ckpt.stamp_upto = 0
+        ckpt.gen += 1
+        for c in self._cursors.values():
+            if c._ckpt is ckpt:
+                c._offset = bisect_right(n_seqnos, c.last_seqno)
+        refund = dead_slots * DEAD_SLOT_BYTES
+        ckpt.mem -= refund
+        self._memory.used -= refund
+        return refund
 
     def create_checkpoint(self) -> int:
         """Close the open checkpoint now (if it holds anything); returns the open id.
@@ -188,13 +225,7 @@ class CheckpointManager:
     def _close_open(self) -> None:
         old = self._open
         old.closed = True
-        if old.wire_dead:
-            self._compact(old)
-        dead_slots = len(old.items) - len(old.index)
-        if dead_slots:
-            charge = dead_slots * DEAD_SLOT_BYTES
-            old.mem += charge
-            self._memory.used += charge
+        self._compact(old)
         new = Checkpoint(self._next_id, old.last_seqno + 1)
         self._next_id += 1
         old.next = new
