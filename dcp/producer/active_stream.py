@@ -192,6 +192,13 @@ class ActiveStream:
         self._queue.append(_Marker(start, end, int(flags)))
         self.last_read_seqno = max(self.last_read_seqno, min(end, self.end_seqno))
 
+    def push_backfill_chunk(self, chunk: Any) -> None:
+        """A ``BackfillChunk`` (engine/backfill.py): ready frames and other items, all
+        with seqno <= ``end_seqno`` (the scan stops there)."""
+        if chunk.count:
+            self._queue.extend(chunk.segments)
+            self.backfill_bytes += chunk.nbytes
+
     def push_backfill_items(self, items: list[Any], nbytes: int) -> None:
         end = self.end_seqno
         if items and items[-1].seqno > end:
@@ -424,7 +431,11 @@ class ActiveStream:
         ob = self._opaque_bytes
         wire = run.wire
         ckpt = run.ckpt
-        if ckpt.wire is wire and (ckpt.stamp_opaque == ob or ckpt.stamp_from == ckpt.stamp_upto):
+        if ckpt is None:  # read from disk for this stream: frames are ready as they are
+            buf += wire[b0:b1]
+            if self.backfill_bytes:
+                self.backfill_bytes -= min(self.backfill_bytes, b1 - b0)
+        elif ckpt.wire is wire and (ckpt.stamp_opaque == ob or ckpt.stamp_from == ckpt.stamp_upto):
             # our opaque is (or becomes) the one stamped in the wire: see checkpoint.py
             lo = ckpt.stamp_from
             hi = ckpt.stamp_upto

@@ -14,7 +14,7 @@ Rules of this module:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -29,6 +29,25 @@ __all__ = ["flush_once", "run_backfill", "run_compaction", "run_expiry", "run_fl
 
 log = logging.getLogger("dcp.tasks")
 _BACKFILL_CHUNK = 4096
+
+
+class _ItemsChunk:
+    """``BackfillScan.read``'s items in the shape of a ``BackfillChunk`` (streams that
+    strip values encode each frame themselves)."""
+
+    __slots__ = ("beyond", "count", "first", "last", "nbytes", "segments")
+
+    def __init__(self, items: list[Any], upto: int) -> None:
+        # ``last`` is the scan's position (it may have read past ``upto``); only items up
+        # to ``upto`` are sent, and ``first`` starts the marker either way.
+        self.first = items[0].seqno if items else 0
+        self.last = items[-1].seqno if items else 0
+        self.beyond = 0
+        if items and self.last > upto:
+            items = [it for it in items if it.seqno <= upto]
+        self.segments = [items] if items else []
+        self.count = len(items)
+        self.nbytes = 55 * len(items) + sum(len(it.key) + len(it.value) for it in items)
 
 
 async def flush_once(server: DcpServer, *, respect_pause: bool = False) -> bool:
@@ -117,49 +136,68 @@ async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
     def stopped() -> bool:
         return stream.end_status is not None or stream.is_dead
 
+    frames = not stream.options.no_value  # ready frames; else items encoded per stream
+    upto = stream.end_seqno
+    opaque = stream.opaque
+
+    def read(scan: Any, want: int) -> Any:
+        if frames:
+            return scan.read_frames(want, upto, opaque)
+        return _ItemsChunk(scan.read(want), upto)
+
+    def open_and_read(want: int) -> tuple[Any, Any]:
+        # one thread hop for a small vbucket: open, first chunk (often all of it)
+        sc = storage.open_backfill(stream.vbid, from_seqno)
+        try:
+            return sc, read(sc, want)
+        except BaseException:
+            sc.close()
+            raise
+
     try:
         async with server.backfill_slots(conn):
             if stopped():
                 return
+            avg = 256  # bytes per item, refined from each chunk
+            want = max(16, min(_BACKFILL_CHUNK, max(limit - stream.backfill_bytes, avg) // avg))
             async with server._backfill_limiter:
-                scan = await trio.to_thread.run_sync(storage.open_backfill, stream.vbid,
-                                                     from_seqno)
+                scan, chunk = await trio.to_thread.run_sync(open_and_read, want)
             end = scan.end_seqno
             stream.history = bool(stream.history and scan.history)
-            log.info("backfill start name=%s vb=%d from=%d disk_end=%d", stream.name,
-                     stream.vbid, from_seqno, end)
+            log.debug("backfill start name=%s vb=%d from=%d disk_end=%d", stream.name,
+                      stream.vbid, from_seqno, end)
             first = True
-            avg = 256  # bytes per item, refined from each chunk
             while not stopped():
+                if first:
+                    first = False
+                    # A first record past ``upto`` still opens the marker: a cut inside a
+                    # deduplicated snapshot must be visible (push_backfill_marker).
+                    start = chunk.first or chunk.beyond
+                    if start:
+                        stream.push_backfill_marker(
+                            start, end, may_contain_duplicates=scan.may_contain_duplicates)
+                if not chunk.count:
+                    break
+                avg = max(64, chunk.nbytes // chunk.count)
+                stream.push_backfill_chunk(chunk)
+                sent += chunk.count
+                conn.mark_ready(stream)
+                if scan.done or chunk.last >= stream.end_seqno:
+                    break
                 while stream.backfill_bytes >= limit and not stopped():
                     await trio.sleep(0.002)
                 room = max(limit - stream.backfill_bytes, avg)
                 want = max(16, min(_BACKFILL_CHUNK, room // avg))
                 async with server._backfill_limiter:
-                    items = await trio.to_thread.run_sync(scan.read, want)
+                    chunk = await trio.to_thread.run_sync(read, scan, want)
                 if stopped():
-                    break
-                if first:
-                    first = False
-                    if items:
-                        stream.push_backfill_marker(
-                            items[0].seqno, end,
-                            may_contain_duplicates=scan.may_contain_duplicates)
-                if not items:
-                    break
-                nbytes = 55 * len(items) + sum(len(it.key) + len(it.value) for it in items)
-                avg = max(64, nbytes // len(items))
-                stream.push_backfill_items(items, nbytes)
-                sent += len(items)
-                conn.mark_ready(stream)
-                if items[-1].seqno >= stream.end_seqno:
                     break
             if stopped():
                 return
             stream.push_backfill_done(end)
             conn.mark_ready(stream)
-            log.info("backfill end name=%s vb=%d items=%d disk_end=%d", stream.name,
-                     stream.vbid, sent, end)
+            log.debug("backfill end name=%s vb=%d items=%d disk_end=%d", stream.name,
+                      stream.vbid, sent, end)
             server.metrics.backfills_completed += 1
             scan.close()
             scan = None

@@ -257,3 +257,58 @@ def test_flush_concurrent_with_reads_from_another_thread(bucket: Bucket) -> None
     assert not errors
     bucket.flusher.complete(batch)
     assert bucket.get(1, b"k1").value == b"v" * 50
+
+
+def _frames_of(chunk) -> list[bytes]:
+    """Split a BackfillChunk's runs into frames (items of other kinds as themselves)."""
+    out: list = []
+    for seg in chunk.segments:
+        if isinstance(seg, list):
+            out.extend(seg)
+            continue
+        assert seg.ckpt is None  # ready frames, no checkpoint behind them
+        bounds = list(seg.starts) + [seg.end]
+        out.extend(bytes(seg.wire[a:b]) for a, b in zip(bounds, bounds[1:]))
+    return out
+
+
+def test_read_frames_gives_the_exact_wire_frames_of_stored_mutations(bucket: Bucket) -> None:
+    """Byte for byte what the codec would encode for this stream (vbucket, opaque), with
+    deletions left as items (their frames depend on stream options), cut at ``upto``."""
+    from dcp.protocol.codec import mutation
+
+    res = {}
+    for i in range(6):
+        res[i] = bucket.set(3, b"k%d" % i, b"value-%d" % i, flags=i, datatype=1)
+    bucket.delete(3, b"k2")  # seqno 7
+    bucket.set(3, b"k9", b"last", expiry=0)  # seqno 8
+    bucket.flusher.flush_all()
+    with bucket.storage.open_backfill(3, 0) as scan:
+        chunk = scan.read_frames(100, upto=7, opaque=0xABCD)
+        assert scan.done  # stopped at upto
+    got = _frames_of(chunk)
+    want_seqnos = [1, 2, 4, 5, 6, 7]
+    assert (chunk.count, chunk.first, chunk.last, chunk.beyond) == (6, 1, 7, 0)
+    for seqno, frame in zip(want_seqnos[:-1], got[:-1]):
+        i = seqno - 1
+        assert frame == mutation(3, 0xABCD, seqno, 1, b"k%d" % i, b"value-%d" % i,
+                                 cas=res[i].cas, datatype=1, flags=i, expiry=0)
+    tomb = got[-1]
+    assert (tomb.op, tomb.key, tomb.seqno) == (ItemOp.DELETION, b"k2", 7)
+    assert chunk.nbytes >= sum(len(f) for f in got[:-1])
+
+
+def test_read_frames_in_chunks_and_beyond_marks_a_cut_inside_the_disk(bucket: Bucket) -> None:
+    for i in range(10):
+        bucket.set(0, b"k%d" % i, b"v")
+    bucket.set(0, b"k4", b"again")  # seqno 11: seqno 5 is gone from disk
+    bucket.flusher.flush_all()
+    with bucket.storage.open_backfill(0, 0) as scan:
+        sizes = []
+        while not scan.done:
+            sizes.append(scan.read_frames(4, upto=1 << 62, opaque=1).count)
+        assert sizes == [4, 4, 2]
+    with bucket.storage.open_backfill(0, 4) as scan:
+        chunk = scan.read_frames(100, upto=5, opaque=1)
+        # nothing at or below 5 is left, but the scan says where the disk continues
+        assert (chunk.count, chunk.beyond, scan.done) == (0, 6, True)

@@ -10,22 +10,60 @@ Rules of this module:
   between threads as long as two threads never use it at once.
 - Always ``close()`` (or use ``with``): an open scan pins old pages in the file and
   blocks map growth.
+- ``read_frames`` is the streaming fast path: a stored mutation record is a 16-byte
+  prefix plus the exact DCP mutation body (records.py), so its frame is a packed 24-byte
+  header plus ``record[16:]``. Frames come out back to back in one buffer with the
+  stream's vbucket and opaque already in place (a ``WireRun`` without a checkpoint),
+  never as ``Item`` objects: decoding each record into an ``Item`` and encoding it again
+  was most of a disk stream's server CPU (docs/benchmarks.md, stream-disk).
 """
 
 from __future__ import annotations
 
+import struct
+from array import array
 from typing import TYPE_CHECKING
 
 import lmdb
 
+from .checkpoint import WireRun
 from .errors import StorageError
-from .item import Item
+from .item import Item, ItemOp
 from .records import VB_KEY, VBStateRecord, decode_item, item_key
+
+#: a record's op, datatype, cas, key length (prefix) and by-seqno (first extras field)
+_RECORD_HEAD = struct.Struct(">BBQHIQ").unpack_from
+_FRAME_HEAD = struct.Struct(">BBHBBHIIQ").pack
+_MUTATION = int(ItemOp.MUTATION)
+_DCP_MUTATION = 0x57
 
 if TYPE_CHECKING:
     from .storage import LmdbStorage
 
-__all__ = ["BackfillScan"]
+__all__ = ["BackfillChunk", "BackfillScan"]
+
+
+class BackfillChunk:
+    """What ``read_frames`` returns: ``segments`` in seqno order, each a ``WireRun`` of
+    ready mutation frames (``ckpt`` is None: the stream copies them as they are) or a
+    list of other ``Item``s (deletions, expirations: their frames depend on stream
+    options); ``count`` records, ``nbytes`` their approximate wire size, ``first`` and
+    ``last`` their seqnos (0 when empty); ``beyond`` the seqno of the first record past
+    ``upto`` when the scan met one (0 otherwise)."""
+
+    __slots__ = ("beyond", "count", "first", "last", "nbytes", "segments")
+
+    def __init__(self) -> None:
+        self.segments: list[WireRun | list[Item]] = []
+        self.count = 0
+        self.nbytes = 0
+        self.first = 0
+        self.last = 0
+        self.beyond = 0
+
+    def __repr__(self) -> str:
+        return (f"BackfillChunk({self.count} records, seqnos {self.first}..{self.last}, "
+                f"{len(self.segments)} segments)")
 
 
 class BackfillScan:
@@ -94,6 +132,71 @@ class BackfillScan:
             self._done = True
             raise StorageError(f"backfill of vb {vb} failed: {exc}") from exc
         return out
+
+    def read_frames(self, max_items: int, upto: int, opaque: int) -> BackfillChunk:
+        """Up to ``max_items`` records with seqno <= ``upto`` as ready-to-send segments
+        (module rules); the scan is done once it passed ``upto`` or the disk snapshot's end.
+        """
+        chunk = BackfillChunk()
+        if self._done:
+            return chunk
+        segs = chunk.segments
+        vb = self.vbucket
+        limit = min(upto, self.end_seqno)
+        head = _RECORD_HEAD
+        pack = _FRAME_HEAD
+        wire = bytearray()
+        starts = array("I")
+        others: list[Item] | None = None
+        n = 0
+        nbytes = 0
+        first = last = 0
+        try:
+            for _k, raw in self._iter:  # type: ignore[union-attr]
+                op, dt, cas, kl, _dtime, seqno = head(raw)
+                if seqno > limit:
+                    self._done = True
+                    chunk.beyond = seqno
+                    break
+                if op == _MUTATION:
+                    others = None
+                    starts.append(len(wire))
+                    wire += pack(0x80, _DCP_MUTATION, kl, 31, dt, vb, len(raw) - 16, opaque,
+                                 cas)
+                    wire += raw[16:]
+                else:
+                    if starts:
+                        segs.append(WireRun(None, wire, starts, len(wire)))
+                        nbytes += len(wire)
+                        starts = array("I")
+                        wire = bytearray()
+                    if others is None:
+                        others = []
+                        segs.append(others)
+                    others.append(decode_item(vb, raw))
+                    nbytes += 55 + len(raw)
+                if not first:
+                    first = seqno
+                last = seqno
+                n += 1
+                if seqno >= limit:
+                    self._done = True
+                    break
+                if n >= max_items:
+                    break
+            else:
+                self._done = True
+        except lmdb.Error as exc:
+            self._done = True
+            raise StorageError(f"backfill of vb {vb} failed: {exc}") from exc
+        if starts:
+            segs.append(WireRun(None, wire, starts, len(wire)))
+            nbytes += len(wire)
+        chunk.count = n
+        chunk.nbytes = nbytes
+        chunk.first = first
+        chunk.last = last
+        return chunk
 
     @property
     def done(self) -> bool:
