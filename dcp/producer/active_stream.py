@@ -112,6 +112,9 @@ class ActiveStream:
         self.cursor: Any = None
         self.backfill_from: int | None = None
         self.backfill_bytes = 0  # disk items buffered, awaiting the writer
+        #: called (on the trio thread) whenever buffered disk bytes went out: the backfill
+        #: task waits on it instead of polling (tasks.run_backfill)
+        self.on_backfill_sent: Callable[[], None] | None = None
         self.backfills = 0
         self.items_sent = 0
         self.bytes_sent = 0
@@ -207,6 +210,11 @@ class ActiveStream:
             self._queue.append(items)
             self.backfill_bytes += nbytes
 
+    def _backfill_sent(self, nbytes: int) -> None:
+        self.backfill_bytes = max(0, self.backfill_bytes - nbytes)
+        if self.on_backfill_sent is not None:
+            self.on_backfill_sent()
+
     def push_backfill_done(self, disk_end: int) -> None:
         self.skip_until = max(self.skip_until, disk_end)
         self._queue.append(_BACKFILL_DONE)
@@ -260,6 +268,8 @@ class ActiveStream:
                     # Marker of an empty final snapshot: nothing else to send.
                     self.set_end(StreamEndStatus.OK)
             elif entry is _BACKFILL_DONE:
+                if self.backfill_bytes:  # everything pushed before it is out
+                    self._backfill_sent(self.backfill_bytes)
                 if self.state is StreamState.BACKFILLING:
                     self._transition(StreamState.IN_MEMORY)
                 if self._cur_disk:  # the disk snapshot is complete
@@ -378,7 +388,6 @@ class ActiveStream:
         outstanding = buffer_log.outstanding
         start_len = len(buf)
         sent_bytes = 0
-        disk_bytes = 0
         last = self.last_sent_seqno
         while i < n:
             it = items[i]
@@ -399,10 +408,12 @@ class ActiveStream:
             i += 1
             if outstanding >= window or len(buf) >= max_bytes:
                 break
-        self.items_sent += i - self._cur_i
         if self.backfill_bytes:
-            disk_bytes = min(self.backfill_bytes, sent_bytes)
-            self.backfill_bytes -= disk_bytes
+            # disk items are counted as they were charged (push_backfill_*), not by the
+            # size of the frames this stream's options gave them
+            self._backfill_sent(sum(55 + len(it.key) + len(it.value)
+                                    for it in items[self._cur_i:i]))
+        self.items_sent += i - self._cur_i
         self._cur_i = i
         self.last_sent_seqno = last
         self.bytes_sent += len(buf) - start_len
@@ -434,7 +445,7 @@ class ActiveStream:
         if ckpt is None:  # read from disk for this stream: frames are ready as they are
             buf += wire[b0:b1]
             if self.backfill_bytes:
-                self.backfill_bytes -= min(self.backfill_bytes, b1 - b0)
+                self._backfill_sent(b1 - b0)
         elif ckpt.wire is wire and (ckpt.stamp_opaque == ob or ckpt.stamp_from == ckpt.stamp_upto):
             # our opaque is (or becomes) the one stamped in the wire: see checkpoint.py
             lo = ckpt.stamp_from

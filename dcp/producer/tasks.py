@@ -136,6 +136,18 @@ async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
     def stopped() -> bool:
         return stream.end_status is not None or stream.is_dead
 
+    async def buffered_below(level: int) -> None:
+        """Until the writer has taken the stream's buffered disk bytes below ``level``
+        (woken by the stream as bytes go out; re-checked now and then for stops)."""
+        while stream.backfill_bytes > level and not stopped():
+            sent = trio.Event()
+            stream.on_backfill_sent = sent.set
+            try:
+                with trio.move_on_after(0.05):
+                    await sent.wait()
+            finally:
+                stream.on_backfill_sent = None
+
     frames = not stream.options.no_value  # ready frames; else items encoded per stream
     upto = stream.end_seqno
     opaque = stream.opaque
@@ -184,8 +196,7 @@ async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
                 conn.mark_ready(stream)
                 if scan.done or chunk.last >= stream.end_seqno:
                     break
-                while stream.backfill_bytes >= limit and not stopped():
-                    await trio.sleep(0.002)
+                await buffered_below(limit - 1)
                 room = max(limit - stream.backfill_bytes, avg)
                 want = max(16, min(_BACKFILL_CHUNK, room // avg))
                 async with server._backfill_limiter:
@@ -202,8 +213,7 @@ async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:
             scan.close()
             scan = None
             # Keep the slot until the writer took what we buffered (bounded memory).
-            while stream.backfill_bytes > 0 and not stopped():
-                await trio.sleep(0.005)
+            await buffered_below(0)
     except StorageError as exc:
         log.error("backfill failed name=%s vb=%d: %s", stream.name, stream.vbid, exc)
         stream.set_end(StreamEndStatus.BACKFILL_FAIL)

@@ -265,3 +265,31 @@ async def test_disk_snapshots_that_may_repeat_keys_say_so(tmp_path) -> None:
                 assert flags & SnapshotMarkerFlag.MAY_CONTAIN_DUPLICATES
                 assert bool(flags & SnapshotMarkerFlag.HISTORY) == change_streams
                 assert [v for _, _, _, v in items_of(frames)] == [b"v1", b"v2"]
+
+
+async def test_backfill_of_many_tombstones_releases_its_slot(tmp_path) -> None:
+    """Deletion frames are smaller than the size a backfill charges for them: the
+    buffered-bytes count must still return to zero, or the stream keeps its
+    connection's only backfill slot (and every other vbucket of it waits forever)."""
+    async with running_server(tmp_path / "d", checkpoint_max_items=50,
+                              backfill_buffer_bytes=4096, max_concurrent_backfills=1) as server:
+        async with client_of(server) as c:
+            keys0 = keys_for_vb(0, 600, 4)
+            keys1 = keys_for_vb(1, 5, 4)
+            await c.set_many([(k, b"x") for k in keys0 + keys1])
+            for k in keys0[:500]:
+                assert (await c.delete(k)).status == Status.SUCCESS
+            await server.flush_all()
+            for vb in (0, 1):  # persisted checkpoints are freed: both streams backfill
+                server.bucket.vbucket(vb).checkpoints.create_checkpoint()
+            await server.flush_all()
+            high1 = server.bucket.vbucket(1).high_seqno
+            await c.dcp_open("t-tombstones")
+            assert (await c.stream_req(0)).status == Status.SUCCESS  # open-ended
+            assert (await c.stream_req(1, end=high1)).status == Status.SUCCESS
+            frames = await c.read_stream_until(lambda f: is_end(f) and f.vbucket == 1,
+                                               timeout=10.0)
+            got1 = [k for _, _, k, _ in items_of([f for f in frames if f.vbucket == 1])]
+            assert got1 == keys1
+            dels = [f for f in frames if f.opcode == Opcode.DCP_DELETION and f.vbucket == 0]
+            assert len(dels) == 500

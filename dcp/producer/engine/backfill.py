@@ -173,8 +173,10 @@ class BackfillScan:
                     if others is None:
                         others = []
                         segs.append(others)
-                    others.append(decode_item(vb, raw))
-                    nbytes += 55 + len(raw)
+                    it = decode_item(vb, raw)
+                    others.append(it)
+                    # the stream counts an item out as this (active_stream._write_items)
+                    nbytes += 55 + len(it.key) + len(it.value)
                 if not first:
                     first = seqno
                 last = seqno
