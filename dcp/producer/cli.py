@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(cfg.log_level)
     # Many long-lived queued items: fewer, larger GC passes (research/perf-baseline.md §7).
     gc.set_threshold(100_000, 50, 100)
+    sys.setswitchinterval(cfg.gil_switch_interval)
     data = Path(cfg.data_dir)
     if data.exists() and not data.is_dir():
         print(f"dcp-server: data dir {data} exists and is not a directory", file=sys.stderr)

@@ -55,6 +55,10 @@ class ServerConfig:
     max_concurrent_backfills: int = 4
     log_level: str = "INFO"
     metrics_port: int = 0
+    #: Seconds a thread may hold the GIL while another waits for it (``sys.setswitchinterval``).
+    #: The flusher and backfills run Python in worker threads; at CPython's 5 ms default
+    #: the event loop could wait that long behind them (write-to-delivery p99).
+    gil_switch_interval: float = 0.0005
 
     def validate(self) -> ServerConfig:
         n = self.num_vbuckets
@@ -70,7 +74,8 @@ class ServerConfig:
         for name in ("history_seconds", "history_bytes", "tombstone_purge_age"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
-        for name in ("noop_interval", "idle_timeout", "expiry_interval", "compaction_interval"):
+        for name in ("noop_interval", "idle_timeout", "expiry_interval", "compaction_interval",
+                     "gil_switch_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):

@@ -36,6 +36,7 @@ def test_settings_precedence_is_flag_over_env_over_file_over_default(tmp_path: P
     ({"DCP_PORT": "70000"}, "port"),
     ({"DCP_CHECKPOINT_MEMORY_QUOTA": "abc"}, "checkpoint_memory_quota"),
     ({"DCP_LOG_LEVEL": "LOUD"}, "log_level"),
+    ({"DCP_GIL_SWITCH_INTERVAL": "0"}, "gil_switch_interval"),
 ])
 def test_bad_settings_are_refused_with_a_message_naming_them(bad, message) -> None:
     with pytest.raises(ConfigError, match=message):
