@@ -32,6 +32,9 @@ class ServerConfig:
     #: Bytes of checkpoint memory (all vbuckets) above which slow streams lose their cursor.
     checkpoint_memory_quota: int = 256 * 1024 * 1024
     checkpoint_max_items: int = 10_000
+    #: Keep closed checkpoints no stream needs this long (memory pressure frees them
+    #: sooner): a range planned a moment ago (Spark) is still read from memory, exactly.
+    checkpoint_retain_seconds: float = 10.0
     max_item_size: int = 20 * 1024 * 1024
     #: Keep superseded versions this long on disk so backfills can replay every change.
     history_seconds: float = 0.0
@@ -71,7 +74,8 @@ class ServerConfig:
                      "backfill_buffer_bytes", "max_concurrent_backfills"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("history_seconds", "history_bytes", "tombstone_purge_age"):
+        for name in ("history_seconds", "history_bytes", "tombstone_purge_age",
+                     "checkpoint_retain_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
         for name in ("noop_interval", "idle_timeout", "expiry_interval", "compaction_interval",

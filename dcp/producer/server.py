@@ -91,6 +91,7 @@ class DcpServer:
             num_vbuckets=c.num_vbuckets, max_value_size=c.max_item_size,
             checkpoint_max_items=c.checkpoint_max_items,
             checkpoint_memory_quota=c.checkpoint_memory_quota,
+            checkpoint_retain_seconds=c.checkpoint_retain_seconds,
             history_seconds=c.history_seconds, history_bytes=c.history_bytes,
             tombstone_purge_age=c.tombstone_purge_age, map_size=c.map_size,
         )

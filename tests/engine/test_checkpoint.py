@@ -303,3 +303,56 @@ def test_deletions_are_queued_and_dedup_like_mutations() -> None:
     (it,) = snaps[0].items
     assert (it.seqno, it.op, it.delete_time) == (2, ItemOp.DELETION, 5)
     assert item_size(it) == 1 + 200
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def retaining_manager(seconds: float) -> tuple[CheckpointManager, CheckpointMemory, Clock]:
+    clock = Clock()
+    mem = CheckpointMemory(1 << 30, retain_seconds=seconds, clock=clock)
+    return CheckpointManager(0, mem, start_seqno=1, max_items=3, max_bytes=1 << 30), mem, clock
+
+
+def test_retained_checkpoints_still_serve_a_range_from_memory_cut_where_it_closed() -> None:
+    mgr, mem, clock = retaining_manager(10.0)
+    seq = Seq(mgr)
+    seq.put(b"a", b"b", b"c")  # checkpoint 1 closes at 3 items: 1..3
+    seq.put(b"a", b"b")  # open checkpoint: 4..5
+    mgr.persistence_cursor.take(100)  # persisted: checkpoint 1 is needed by no cursor
+    assert mgr.memory_start_seqno == 1  # ... but retained
+    clock.now += 5
+    reg = mgr.register_cursor("late", 1)
+    assert not reg.backfill
+    snaps = reg.cursor.take(100)
+    assert [(s.start, s.end) for s in snaps] == [(2, 3), (4, 5)]  # real boundaries
+    mgr.remove_cursor("late")
+    clock.now += 5.1
+    mgr.release_retained()
+    assert mgr.memory_start_seqno == 4
+    assert mem.used == sum(c.mem for c in mgr.checkpoints)
+
+
+def test_retention_yields_to_memory_pressure_and_dropped_cursors() -> None:
+    mgr, mem, clock = retaining_manager(3600.0)
+    seq = Seq(mgr)
+    seq.put(b"a", b"b", b"c", b"d", b"e", b"f", b"g")
+    mgr.persistence_cursor.take(100)
+    assert mgr.retained_bytes > 0 and len(mgr.checkpoints) == 3
+    before = mem.used
+    freed = mgr.release_retained(all_of_them=True)
+    assert freed == before - mem.used > 0
+    assert len(mgr.checkpoints) == 1 and mgr.retained_bytes == 0
+
+
+def test_without_retention_closed_checkpoints_go_at_once() -> None:
+    mgr, _ = manager(max_items=3)
+    seq = Seq(mgr)
+    seq.put(b"a", b"b", b"c", b"d")
+    mgr.persistence_cursor.take(100)
+    assert mgr.memory_start_seqno == 4

@@ -61,7 +61,7 @@ async def _dcp(server: DcpServer, name: str) -> WireClient:
 
 
 async def test_metrics_follow_writes_streams_backfills_and_rollbacks(tmp_path: Path) -> None:
-    cfg = _config(tmp_path)
+    cfg = _config(tmp_path, checkpoint_retain_seconds=0)  # persisted -> freed -> backfill
     async with DcpServer(cfg) as server:
         port = server.metrics_port
         assert port == cfg.metrics_port

@@ -104,7 +104,8 @@ async def test_unknown_vbucket_uuid_is_told_to_roll_back_to_zero(server, client)
 
 
 async def test_backfill_then_memory_hand_over_has_no_gap_or_duplicate(tmp_path) -> None:
-    async with running_server(tmp_path / "d", checkpoint_max_items=10) as server:
+    async with running_server(tmp_path / "d", checkpoint_max_items=10,
+                              checkpoint_retain_seconds=0) as server:
         async with client_of(server) as c:
             keys = keys_for_vb(1, 60, 4)
             await c.set_many([(k, b"old") for k in keys[:51]])
@@ -272,7 +273,8 @@ async def test_backfill_of_many_tombstones_releases_its_slot(tmp_path) -> None:
     buffered-bytes count must still return to zero, or the stream keeps its
     connection's only backfill slot (and every other vbucket of it waits forever)."""
     async with running_server(tmp_path / "d", checkpoint_max_items=50,
-                              backfill_buffer_bytes=4096, max_concurrent_backfills=1) as server:
+                              checkpoint_retain_seconds=0, backfill_buffer_bytes=4096,
+                              max_concurrent_backfills=1) as server:
         async with client_of(server) as c:
             keys0 = keys_for_vb(0, 600, 4)
             keys1 = keys_for_vb(1, 5, 4)
@@ -289,7 +291,36 @@ async def test_backfill_of_many_tombstones_releases_its_slot(tmp_path) -> None:
             assert (await c.stream_req(1, end=high1)).status == Status.SUCCESS
             frames = await c.read_stream_until(lambda f: is_end(f) and f.vbucket == 1,
                                                timeout=10.0)
+            assert all(flags & SnapshotMarkerFlag.DISK for _, _, flags in markers_of(frames))
             got1 = [k for _, _, k, _ in items_of([f for f in frames if f.vbucket == 1])]
             assert got1 == keys1
             dels = [f for f in frames if f.opcode == Opcode.DCP_DELETION and f.vbucket == 0]
             assert len(dels) == 500
+
+
+async def test_persisted_checkpoints_are_retained_then_freed(tmp_path) -> None:
+    """Within checkpoint_retain_seconds a persisted range is streamed from memory at its
+    checkpoint boundaries; after it the housekeeping frees it and the disk serves it."""
+    async with running_server(tmp_path / "d", checkpoint_retain_seconds=0.3) as server:
+        async with client_of(server) as c:
+            keys = keys_for_vb(2, 20, 4)
+            await c.set_many([(k, b"one") for k in keys])
+            server.bucket.vbucket(2).checkpoints.create_checkpoint()  # a boundary at 20
+            await c.set_many([(k, b"two") for k in keys[::2]])
+            await server.flush_all()
+            mgr = server.bucket.vbucket(2).checkpoints
+            assert mgr.memory_start_seqno == 1  # retained though persisted
+            await c.dcp_open("t-retained")
+            assert (await c.stream_req(2, end=20)).status == Status.SUCCESS
+            frames = await c.read_stream_until(is_end)
+            assert [(s, e) for s, e, _ in markers_of(frames)] == [(1, 20)]
+            assert markers_of(frames)[0][2] & SnapshotMarkerFlag.MEMORY
+            assert {v for _, _, _, v in items_of(frames)} == {b"one"}
+            with trio.fail_after(5):  # freed once its time is up (checked about every 1 s)
+                while mgr.memory_start_seqno == 1:
+                    await trio.sleep(0.05)
+            assert (await c.stream_req(2, end=20, opaque=77)).status == Status.SUCCESS
+            frames = await c.read_stream_until(is_end)
+            # from disk: one snapshot up to the newest persisted seqno, and it says so
+            (start, end, flags), = markers_of(frames)
+            assert flags & SnapshotMarkerFlag.DISK and end == 30

@@ -48,6 +48,15 @@ def server(tmp_path: Path) -> Iterator[ThreadServer]:
 
 
 @pytest.fixture
+def disk_server(tmp_path: Path) -> Iterator[ThreadServer]:
+    """No history window and no checkpoint retention: a persisted range is freed from
+    memory at once, so ranges are read from disk (merged by later rewrites)."""
+    s = ThreadServer(tmp_path / "data", checkpoint_retain_seconds=0)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
 def history_server(tmp_path: Path) -> Iterator[ThreadServer]:
     """A server that keeps every version for an hour (exact replays)."""
     s = ThreadServer(tmp_path / "data", history_seconds=3600)

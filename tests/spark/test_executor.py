@@ -80,24 +80,35 @@ def _merge_after_planning(server: ThreadServer) -> tuple[list[VbRange], dict[int
     return ranges, highs
 
 
-def test_a_range_merged_since_planning_fails_with_the_facts(server):
-    ranges, _ = _merge_after_planning(server)
+def test_a_range_merged_since_planning_fails_with_the_facts(disk_server):
+    ranges, _ = _merge_after_planning(disk_server)
     with pytest.raises(MergedSnapshotError) as info:
-        _read(server, ranges)
+        _read(disk_server, ranges)
     err = info.value
     assert err.snapshot_end > err.end and "can no longer be served exactly" in str(err)
     assert f"vbucket {err.vbucket}" in str(err) and "onMergedSnapshot=reread" in str(err)
 
 
-def test_reread_reads_the_merged_snapshot_whole(server):
-    ranges, highs = _merge_after_planning(server)
-    rows = _read(server, ranges, onMergedSnapshot="reread")
+def test_reread_reads_the_merged_snapshot_whole(disk_server):
+    ranges, highs = _merge_after_planning(disk_server)
+    rows = _read(disk_server, ranges, onMergedSnapshot="reread")
     state = {r[3]: r[4] for r in sorted(rows, key=lambda r: (r[0], r[1]))}
     assert state == {f"k{i}".encode(): (b"new" if i % 2 == 0 else b"old") for i in range(200)}
     for vb in highs:
         rs = [r for r in rows if r[0] == vb]
         if rs:  # each vbucket ends on a whole snapshot that reaches past the planned end
             assert max(r[1] for r in rs) == max(r[6] for r in rs) >= highs[vb]
+
+
+def test_a_range_rewritten_and_persisted_since_planning_is_exact_from_retained_memory(server):
+    """The default server keeps closed checkpoints a few seconds: the range is read from
+    memory at the boundaries it was planned on, not as a merged disk snapshot."""
+    ranges, highs = _merge_after_planning(server)
+    rows = _read(server, ranges)
+    assert sorted(r[3] for r in rows) == sorted(f"k{i}".encode() for i in range(200))
+    assert all(r[4] == b"old" for r in rows)  # the state at the planned end, exactly
+    for r in rows:
+        assert r[1] <= highs[r[0]] and r[6] <= highs[r[0]]
 
 
 def test_inside_the_history_window_a_replay_yields_the_same_rows(history_server):

@@ -48,7 +48,9 @@ class Bucket:
         self.storage = storage
         self.clock = clock
         self.uuid_source = uuid_source
-        self._memory = CheckpointMemory(config.checkpoint_memory_quota, self._memory_pressure)
+        self._memory = CheckpointMemory(
+            config.checkpoint_memory_quota, self._memory_pressure,
+            retain_seconds=config.checkpoint_retain_seconds, clock=clock)
         self._dirty: set[int] = set()
         self._listeners: list[Callable[[int], None]] = []
         self._vbuckets: list[VBucket] = []
@@ -168,9 +170,17 @@ class Bucket:
         if self._memory.used > quota:
             self._memory_pressure()
 
+    def release_retained(self) -> int:
+        """Free retained checkpoints whose retention time is up; returns bytes freed
+        (the server calls this about once a second)."""
+        if not self._memory.retain_seconds:
+            return 0
+        return sum(vb.checkpoints.release_retained() for vb in self._vbuckets)
+
     def _memory_pressure(self) -> None:
         """Get checkpoint memory back under the quota, cheapest step first.
 
+        0. Free the checkpoints kept only by ``checkpoint_retain_seconds``.
         1. Close open checkpoints the persistence cursor has fully read: an open
            checkpoint is never freed, so persisted items would otherwise stay in memory
            for good (kv_engine creates a new checkpoint under pressure for the same
@@ -181,6 +191,9 @@ class Bucket:
         attempt waits for some growth (or for the flusher, which calls this again).
         """
         mem = self._memory
+        if mem.retain_seconds:  # 0. retention is the first thing memory pressure takes
+            for vb in self._vbuckets:
+                vb.checkpoints.release_retained(all_of_them=True)
         for vb in self._vbuckets:
             mgr = vb.checkpoints
             if mgr.persistence_caught_up() and mgr.open_checkpoint_items():

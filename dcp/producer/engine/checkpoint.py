@@ -70,7 +70,7 @@ class Checkpoint:
     seqno + 1), ``last_seqno`` the seqno of its last item (``start_seqno - 1`` if empty).
     """
 
-    __slots__ = ("closed", "gen", "id", "index", "items", "kinds", "last_seqno", "mem", "next",
+    __slots__ = ("closed", "closed_at", "gen", "id", "index", "items", "kinds", "last_seqno", "mem", "next",
                  "num_cursors", "seqnos", "stamp_from", "stamp_opaque", "stamp_upto",
                  "start_seqno", "starts", "wire", "wire_dead")
 
@@ -84,6 +84,7 @@ class Checkpoint:
         self.num_cursors = 0
         self.next: Checkpoint | None = None
         self.closed = False
+        self.closed_at = -1.0  # clock time it closed (retention only; see checkpoint_manager)
         # the wire log (module rules): frames of mutation slots, per-slot offsets/seqnos
         self.wire = bytearray()
         self.starts = array("I")  # per slot: offset of its frame in ``wire`` (< 4 GiB)

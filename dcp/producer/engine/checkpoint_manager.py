@@ -6,8 +6,10 @@ Rules of this module:
   or on request (``create_checkpoint``).
 - The persistence cursor (``PERSISTENCE_CURSOR``) exists from the start and is never
   dropped or removed: a checkpoint holding unpersisted items can never be freed.
-- A closed checkpoint is freed as soon as it is the oldest and no cursor is in it;
-  memory is accounted in bytes in the bucket-wide ``CheckpointMemory``.
+- A closed checkpoint is freed once it is the oldest and no cursor is in it, and (with
+  ``CheckpointMemory.retain_seconds``) it closed that long ago or memory pressure asks
+  for it (``release_retained``); memory is accounted in bytes in the bucket-wide
+  ``CheckpointMemory``.
 - Cursor dropping (memory pressure) is decided bucket-wide by the bucket; this class
   only offers candidates (``droppable_cursors``) and drops the ones it is told to.
 - ``queue`` also appends a mutation's frame to the open checkpoint's wire log (see
@@ -67,15 +69,28 @@ class CheckpointMemory:
     ``threshold`` is the level that triggers ``on_pressure``: the quota, raised a little
     after an attempt that could not get under it, so a bucket whose memory is pinned by
     the (slow) persistence cursor does not rescan every cursor on every write.
+
+    ``retain_seconds``: a closed checkpoint no cursor needs any more is kept this long
+    after it closed (``clock`` seconds), unless memory pressure wants it back. A stream
+    request for a range that just went to disk is then still served from memory, cut
+    at the checkpoint boundaries it was planned on: a consumer that plans ranges and
+    reads them a moment later (the Spark source) reads them exactly, where the disk
+    would hand out one merged snapshot.
     """
 
-    __slots__ = ("on_pressure", "quota", "threshold", "used")
+    __slots__ = ("clock", "on_pressure", "quota", "retain_seconds", "threshold", "used")
 
-    def __init__(self, quota: int, on_pressure: Callable[[], None] | None = None) -> None:
+    def __init__(self, quota: int, on_pressure: Callable[[], None] | None = None, *,
+                 retain_seconds: float = 0.0, clock: Callable[[], float] | None = None
+                 ) -> None:
         self.used = 0
         self.quota = quota
         self.threshold = quota
         self.on_pressure = on_pressure or (lambda: None)
+        if retain_seconds and clock is None:
+            raise ValueError("retaining checkpoints needs a clock")
+        self.retain_seconds = retain_seconds
+        self.clock = clock
 
 
 class CheckpointManager:
@@ -225,6 +240,9 @@ class CheckpointManager:
     def _close_open(self) -> None:
         old = self._open
         old.closed = True
+        mem = self._memory
+        if mem.retain_seconds:
+            old.closed_at = mem.clock()  # type: ignore[misc]
         self._compact(old)
         new = Checkpoint(self._next_id, old.last_seqno + 1)
         self._next_id += 1
@@ -238,13 +256,21 @@ class CheckpointManager:
                 c._move(new, 0)
         self.free_unreferenced()
 
-    def free_unreferenced(self) -> int:
-        """Free the oldest closed checkpoints no cursor is in; returns bytes freed."""
+    def free_unreferenced(self, *, retained: bool = False) -> int:
+        """Free the oldest closed checkpoints no cursor is in, except those still within
+        the retention time (all of them with ``retained``); returns bytes freed."""
         ckpts = self._checkpoints
         freed = 0
+        mem = self._memory
+        if retained:
+            keep_after = float("inf")  # free whatever no cursor needs
+        elif mem.retain_seconds:
+            keep_after = mem.clock() - mem.retain_seconds  # type: ignore[misc]
+        else:
+            keep_after = -1.0  # closed_at stays -1.0 without retention
         while len(ckpts) > 1:
             first = ckpts[0]
-            if first.num_cursors or not first.closed:
+            if first.num_cursors or not first.closed or first.closed_at > keep_after:
                 break
             ckpts.popleft()
             freed += first.mem
@@ -256,6 +282,20 @@ class CheckpointManager:
             if mem.used <= mem.quota:
                 mem.threshold = mem.quota
         return freed
+
+    def release_retained(self, *, all_of_them: bool = False) -> int:
+        """Free retained checkpoints whose time is up (or all: memory pressure)."""
+        return self.free_unreferenced(retained=all_of_them)
+
+    @property
+    def retained_bytes(self) -> int:
+        """Memory of the closed checkpoints kept only by the retention time."""
+        n = 0
+        for c in self._checkpoints:
+            if c.num_cursors or not c.closed:
+                break
+            n += c.mem
+        return n
 
     # ------------------------------------------------------------------ cursors
 
@@ -306,7 +346,7 @@ class CheckpointManager:
             del self._cursors[cursor.name]
         cursor._detach()
         cursor.dropped = True
-        return self.free_unreferenced()
+        return self.free_unreferenced(retained=True)  # memory pressure: retention yields
 
     def droppable_cursors(self) -> list[tuple[int, Cursor]]:
         """(bytes pinned, cursor) for stream cursors behind the persistence cursor.

@@ -30,6 +30,9 @@ class EngineConfig:
         checkpoint_max_bytes: ... or when its items take this many bytes.
         checkpoint_memory_quota: bucket-wide checkpoint memory above which the cursors of
             the slowest streams are dropped so their checkpoints can be freed.
+        checkpoint_retain_seconds: keep a closed checkpoint no cursor needs this long
+            after it closed (memory pressure frees it sooner), so ranges planned a moment
+            ago are still served from memory at their boundaries (0 = free at once).
         history_seconds: keep superseded versions on disk this long (0 = off).
         history_bytes: keep at most this many bytes of superseded versions, split evenly
             between vbuckets as Magma does (0 = no byte limit).
@@ -46,6 +49,7 @@ class EngineConfig:
     checkpoint_max_items: int = 10_000
     checkpoint_max_bytes: int = 16 * MiB
     checkpoint_memory_quota: int = 256 * MiB
+    checkpoint_retain_seconds: float = 0.0
     history_seconds: float = 0.0
     history_bytes: int = 0
     tombstone_purge_age: float = 3 * 24 * 3600.0
@@ -72,5 +76,7 @@ class EngineConfig:
             raise ValueError("checkpoint limits must be >= 1")
         if self.max_failover_entries < 1:
             raise ValueError("max_failover_entries must be >= 1")
+        if self.checkpoint_retain_seconds < 0:
+            raise ValueError("checkpoint_retain_seconds must be >= 0")
         if self.history_seconds < 0 or self.history_bytes < 0:
             raise ValueError("history window must be >= 0")
