@@ -339,7 +339,7 @@ def test_retained_checkpoints_still_serve_a_range_from_memory_cut_where_it_close
 
 
 def test_retention_yields_to_memory_pressure_and_dropped_cursors() -> None:
-    mgr, mem, clock = retaining_manager(3600.0)
+    mgr, mem, _clock = retaining_manager(3600.0)
     seq = Seq(mgr)
     seq.put(b"a", b"b", b"c", b"d", b"e", b"f", b"g")
     mgr.persistence_cursor.take(100)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import lmdb
@@ -267,8 +268,8 @@ def _frames_of(chunk) -> list[bytes]:
             out.extend(seg)
             continue
         assert seg.ckpt is None  # ready frames, no checkpoint behind them
-        bounds = list(seg.starts) + [seg.end]
-        out.extend(bytes(seg.wire[a:b]) for a, b in zip(bounds, bounds[1:]))
+        bounds = [*seg.starts, seg.end]
+        out.extend(bytes(seg.wire[a:b]) for a, b in itertools.pairwise(bounds))
     return out
 
 
@@ -289,7 +290,7 @@ def test_read_frames_gives_the_exact_wire_frames_of_stored_mutations(bucket: Buc
     got = _frames_of(chunk)
     want_seqnos = [1, 2, 4, 5, 6, 7]
     assert (chunk.count, chunk.first, chunk.last, chunk.beyond) == (6, 1, 7, 0)
-    for seqno, frame in zip(want_seqnos[:-1], got[:-1]):
+    for seqno, frame in zip(want_seqnos[:-1], got[:-1], strict=True):
         i = seqno - 1
         assert frame == mutation(3, 0xABCD, seqno, 1, b"k%d" % i, b"value-%d" % i,
                                  cas=res[i].cas, datatype=1, flags=i, expiry=0)

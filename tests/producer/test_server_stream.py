@@ -322,5 +322,5 @@ async def test_persisted_checkpoints_are_retained_then_freed(tmp_path) -> None:
             assert (await c.stream_req(2, end=20, opaque=77)).status == Status.SUCCESS
             frames = await c.read_stream_until(is_end)
             # from disk: one snapshot up to the newest persisted seqno, and it says so
-            (start, end, flags), = markers_of(frames)
+            (_start, end, flags), = markers_of(frames)
             assert flags & SnapshotMarkerFlag.DISK and end == 30

@@ -70,9 +70,9 @@ class Checkpoint:
     seqno + 1), ``last_seqno`` the seqno of its last item (``start_seqno - 1`` if empty).
     """
 
-    __slots__ = ("closed", "closed_at", "gen", "id", "index", "items", "kinds", "last_seqno", "mem", "next",
-                 "num_cursors", "seqnos", "stamp_from", "stamp_opaque", "stamp_upto",
-                 "start_seqno", "starts", "wire", "wire_dead")
+    __slots__ = ("closed", "closed_at", "gen", "id", "index", "items", "kinds", "last_seqno",
+                 "mem", "next", "num_cursors", "seqnos", "stamp_from", "stamp_opaque",
+                 "stamp_upto", "start_seqno", "starts", "wire", "wire_dead")
 
     def __init__(self, ckpt_id: int, start_seqno: int) -> None:
         self.id = ckpt_id
