@@ -51,6 +51,9 @@ class ServerConfig:
     #: Bytes one write to a socket may carry (batching target).
     send_batch_bytes: int = 256 * 1024
     flush_batch_items: int = 50_000
+    #: Pause between two flushes unless a durable write waits (fewer fsync'd
+    #: transactions under a trickle of writes; durable writes are flushed at once).
+    flush_interval: float = 0.005
     expiry_interval: float = 10.0
     compaction_interval: float = 3600.0
     #: Backfill buffer per stream (bytes) before the disk scan pauses.
@@ -75,7 +78,7 @@ class ServerConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
         for name in ("history_seconds", "history_bytes", "tombstone_purge_age",
-                     "checkpoint_retain_seconds"):
+                     "checkpoint_retain_seconds", "flush_interval"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
         for name in ("noop_interval", "idle_timeout", "expiry_interval", "compaction_interval",

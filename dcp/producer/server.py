@@ -64,6 +64,7 @@ class DcpServer:
         self._streams_by_vb: dict[int, set[ActiveStream]] = {}
         self._dirty: set[int] = set()
         self._flush_event = trio.Event()
+        self._durable_event = trio.Event()  # set by want_flush (tasks.run_flusher)
         self._storage_lock = trio.Lock()
         self._backfill_limiter = trio.CapacityLimiter(self.config.max_concurrent_backfills)
         self._conn_backfill_slots: dict[int, trio.CapacityLimiter] = {}
@@ -222,7 +223,9 @@ class DcpServer:
         self.clean_shutdown = False
 
     def want_flush(self) -> None:
+        """A durable write waits for persistence: flush now, skipping ``flush_interval``."""
         self._flush_event.set()
+        self._durable_event.set()
 
     def pause_persistence(self) -> None:
         self.persistence_paused = True

@@ -90,11 +90,15 @@ async def run_flusher(server: DcpServer) -> None:
     from .engine import StorageError
 
     backoff = 0.05
+    interval = server.config.flush_interval
     while True:
         if server.persistence_paused:
             server._flush_event = trio.Event()
             await server._flush_event.wait()
             continue
+        # A durable write that arrives from here on is not in this batch: it must cut
+        # the pause below short (want_flush sets the event).
+        server._durable_event = trio.Event()
         try:
             progressed = await flush_once(server, respect_pause=True)
         except StorageError as exc:
@@ -110,6 +114,11 @@ async def run_flusher(server: DcpServer) -> None:
             server._flush_event = trio.Event()
             with trio.move_on_after(0.5):
                 await server._flush_event.wait()
+        elif interval:
+            # Persist by time under a trickle of writes: one fsync'd transaction per
+            # interval rather than per request batch (each costs the event loop GIL time).
+            with trio.move_on_after(interval):
+                await server._durable_event.wait()
 
 
 async def run_backfill(server: DcpServer, stream: ActiveStream) -> None:

@@ -81,6 +81,31 @@ async def test_durable_write_is_acknowledged_only_after_it_is_persisted(server, 
     assert server.bucket.vbucket(3).persisted_seqno >= seqno
 
 
+async def test_flush_interval_batches_plain_writes_but_never_delays_a_durable_one(
+        tmp_path) -> None:
+    from .conftest import client_of, running_server
+
+    async with running_server(tmp_path / "d", flush_interval=30.0) as server:
+        async with client_of(server) as client:
+            await client.hello([HelloFeature.MUTATION_SEQNO])
+            k1, k2, k3 = keys_for_vb(1, 3, 4)
+            await client.set(k1, b"first")  # the flusher writes it, then pauses 30 s
+            with trio.fail_after(5):
+                while server.bucket.vbucket(1).persisted_seqno < 1:
+                    await trio.sleep(0.01)
+            await client.set(k2, b"plain")  # waits for the next flush
+            await trio.sleep(0.3)
+            assert server.bucket.vbucket(1).persisted_seqno == 1
+            op = next(client.opaques)
+            await client.send(codec.request(
+                Opcode.SET, vbucket=1, opaque=op, extras=codec.store_extras(0, 0), key=k3,
+                value=b"durable", framing_extras=codec.durability_frame_info(
+                    DurabilityLevel.PERSIST_TO_MAJORITY)))
+            r = await client.next_frame(2)  # not after 30 s: the durable write cut it short
+            assert r.opaque == op and r.status == Status.SUCCESS
+            assert server.bucket.vbucket(1).persisted_seqno == 3
+
+
 async def test_pipelined_requests_are_answered_in_order(client) -> None:
     keys = [b"p-%d" % i for i in range(300)]
     frames = await client.set_many([(k, k) for k in keys])
