@@ -210,17 +210,24 @@ def test_crash_and_resume_replay_the_same_rows_with_no_gap_or_duplicate(
     assert state_of(rows) == expected
 
 
-def test_a_replay_the_server_can_no_longer_serve_exactly_fails_or_is_reread(
-        spark, disk_server, tmp_path):
-    s, ck = disk_server, tmp_path / "ck"
+def _crash_then_rewrite(spark, s: ThreadServer, ck) -> list:
+    """200 documents; a query whose first batch crashes after reading them (offsets
+    logged, commit not); then half the documents rewritten and persisted. Returns the
+    rows the crashed batch saw."""
     with s.kv() as kv:
         kv.set_many({f"k{i}": b"old" for i in range(200)})
     crashing = Sink(crash_on=lambda bid: True)
     assert run(spark, s.port, ck, crashing) is not None
-    original = crashing.attempts[0][1]
-    with s.kv() as kv:  # rewrite them: the old versions leave the disk (no history window)
+    with s.kv() as kv:  # without a history window the old versions leave the disk
         kv.set_many({f"k{i}": b"new" for i in range(0, 200, 2)})
     s.flush()
+    return crashing.attempts[0][1]
+
+
+def test_a_replay_the_server_can_no_longer_serve_exactly_fails_or_is_reread(
+        spark, disk_server, tmp_path):
+    s, ck = disk_server, tmp_path / "ck"
+    original = _crash_then_rewrite(spark, s, ck)
     err = run(spark, s.port, ck, Sink())
     assert err is not None and "can no longer be served exactly" in str(err)
     assert "onMergedSnapshot=reread" in str(err)
@@ -237,14 +244,7 @@ def test_a_prompt_replay_over_rewritten_documents_is_exact_without_history(
     """Within the server's checkpoint retention a replayed batch is read from memory at
     its planned boundaries: the same rows, although the documents were rewritten."""
     s, ck = server, tmp_path / "ck"
-    with s.kv() as kv:
-        kv.set_many({f"k{i}": b"old" for i in range(200)})
-    crashing = Sink(crash_on=lambda bid: True)
-    assert run(spark, s.port, ck, crashing) is not None
-    original = crashing.attempts[0][1]
-    with s.kv() as kv:
-        kv.set_many({f"k{i}": b"new" for i in range(0, 200, 2)})
-    s.flush()
+    original = _crash_then_rewrite(spark, s, ck)
     sink = Sink()
     assert run(spark, s.port, ck, sink) is None
     key = lambda r: (r["vbucket"], r["seqno"])  # noqa: E731
