@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python tools/bench_hotpath.py fill --items 1000000 --streams 1,4
     .venv/bin/python tools/bench_hotpath.py set --items 200000
+    .venv/bin/python tools/bench_hotpath.py flush --items 200000
     .venv/bin/python tools/bench_hotpath.py kvencode --items 200000
 
 fill      a bucket holds N items in its checkpoints (written in random vbucket order, as
@@ -13,6 +14,11 @@ fill      a bucket holds N items in its checkpoints (written in random vbucket o
 set       pre-encoded SET requests (16-byte keys, 100-byte values, 1024 vbuckets) go
           through a real ``Connection`` (frame parsing, handlers, engine, responses) of
           an in-process server with persistence paused; CPU us per SET.
+flush     N writes of new keys (random vbucket order), persisted every ``--batch``
+          writes as the server's flusher does (``collect`` -> ``LmdbStorage.write_batch``
+          -> ``complete``); then N/2 overwrites of stored keys (each flushed item also
+          deletes the version it supersedes). CPU us per item of each step; no fsync
+          unless ``--sync``. The server's batches are ~10 k items (~10 per vbucket).
 kvencode  ``KvClient`` encoding of pipelined sets (what ``set_many`` does before the
           socket write), us per item.
 
@@ -156,6 +162,59 @@ def set_path(args: argparse.Namespace) -> None:
     trio.run(main)
 
 
+def flush(args: argparse.Namespace) -> None:
+    import random
+
+    from dcp.producer.engine import Bucket, EngineConfig
+    from dcp.protocol.codec import vbucket_for_key
+
+    gc.set_threshold(100_000, 50, 100)
+    nvb = args.vbuckets
+    tmp = Path(tempfile.mkdtemp(prefix="bench-hot-"))
+    seq = itertools.count(1)
+    cfg = EngineConfig(num_vbuckets=nvb, checkpoint_memory_quota=1 << 40,
+                       lmdb_sync=args.sync, map_size=16 << 30)
+    bucket = Bucket.open(tmp / "data", cfg, clock=time.time, uuid_source=lambda: next(seq))
+    try:
+        keys = [_key(i) for i in range(args.items)]
+        random.Random(1).shuffle(keys)
+        value = b"v" * args.value_size
+        routed = [(vbucket_for_key(k, nvb), k) for k in keys]
+        flusher = bucket.flusher
+        storage = bucket.storage
+        for phase, writes in (("new keys", routed), ("overwrites", routed[::2])):
+            cpu = {"collect": 0.0, "write_batch": 0.0, "complete": 0.0}
+            n = 0
+            wall = 0.0
+            for i in range(0, len(writes), args.batch):
+                for vb, k in writes[i:i + args.batch]:
+                    bucket.set(vb, k, value)
+                w0 = time.perf_counter()
+                while True:
+                    c0 = time.process_time()
+                    batch = flusher.collect(args.batch)
+                    c1 = time.process_time()
+                    cpu["collect"] += c1 - c0
+                    if batch is None:
+                        break
+                    storage.write_batch(batch)
+                    c2 = time.process_time()
+                    flusher.complete(batch)
+                    c3 = time.process_time()
+                    cpu["write_batch"] += c2 - c1
+                    cpu["complete"] += c3 - c2
+                    n += batch.num_items
+                wall += time.perf_counter() - w0
+            total = sum(cpu.values())
+            print(f"flush {phase}: {n:,} items in batches of {args.batch:,}: "
+                  f"{total / n * 1e6:.3f} us/item CPU ("
+                  + ", ".join(f"{k} {v / n * 1e6:.3f}" for k, v in cpu.items())
+                  + f"), wall {wall / n * 1e6:.3f} us/item, sync={args.sync}")
+    finally:
+        bucket.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def kvencode(args: argparse.Namespace) -> None:
     from dcp.consumer.kv import KvClient
 
@@ -176,13 +235,15 @@ def kvencode(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["fill", "set", "kvencode"])
+    p.add_argument("what", choices=["fill", "set", "flush", "kvencode"])
     p.add_argument("--items", type=int, default=200_000)
     p.add_argument("--vbuckets", type=int, default=1024)
     p.add_argument("--value-size", type=int, default=100)
+    p.add_argument("--batch", type=int, default=10_000, help="flush: items per batch")
+    p.add_argument("--sync", action="store_true", help="flush: fsync at each commit")
     p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     args = p.parse_args()
-    {"fill": fill, "set": set_path, "kvencode": kvencode}[args.what](args)
+    {"fill": fill, "set": set_path, "flush": flush, "kvencode": kvencode}[args.what](args)
 
 
 if __name__ == "__main__":

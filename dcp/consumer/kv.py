@@ -78,11 +78,12 @@ class _Op:
 
 
 class _Batch:
-    __slots__ = ("event", "frames", "remaining")
+    __slots__ = ("event", "frames", "others", "remaining")
 
     def __init__(self, n: int) -> None:
         self.frames: list[Frame | None] = [None] * n
         self.remaining = n
+        self.others = 0  # answers that are not a successful write's tuple
         self.event = trio.Event()
 
 
@@ -123,6 +124,7 @@ class _KvConnection:
                         break
                     entry = waiting.pop(opq, None)
                     if entry is not None:
+                        batch, idx = entry
                         if status == 0 and magic == 0x81 and body == el == 16:
                             res: Any = (cas, *_SEQNO(buf, pos + 24))
                         elif status == 0 and magic == 0x81 and body == 0:
@@ -134,7 +136,7 @@ class _KvConnection:
                             d = c + kl
                             res = Frame(magic, op, dt, status, opq, cas, buf[a:b], buf[b:c],
                                         buf[c:d], buf[d:end])
-                        batch, idx = entry
+                            batch.others += 1
                         batch.frames[idx] = res
                         batch.remaining -= 1
                         if batch.remaining == 0:
@@ -157,6 +159,10 @@ class _KvConnection:
 
     async def roundtrip(self, ops: list[_Op]) -> list[Frame | None]:
         """One write for all ``ops``; their responses (None where the connection died)."""
+        return (await self.roundtrip_batch(ops)).frames
+
+    async def roundtrip_batch(self, ops: list[_Op]) -> _Batch:
+        """``roundtrip``, returning the whole ``_Batch`` (its answers and their counts)."""
         if self.error is not None:
             raise self.error
         batch = _Batch(len(ops))
@@ -176,7 +182,7 @@ class _KvConnection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.fail(ConnectionLostError(f"send failed: {exc!r}"))
         await batch.event.wait()
-        return batch.frames
+        return batch
 
 
 def _key(key: str | bytes) -> bytes:
@@ -321,11 +327,14 @@ class KvClient:
             try:
                 with trio.fail_after(max(0.001, start + self.timeout - trio.current_time())):
                     conn = await self._connection()
-                    frames = await conn.roundtrip([ops[i] for i in pending])
+                    batch = await conn.roundtrip_batch([ops[i] for i in pending])
             except (OSError, trio.TooSlowError, ConnectionLostError) as exc:
                 last = exc
                 retry = pending
             else:
+                frames = batch.frames
+                if attempts == 1 and batch.remaining == 0 and batch.others == 0:
+                    return frames  # type: ignore[return-value]  # all successful writes
                 for i, f in zip(pending, frames, strict=True):
                     if type(f) is tuple:  # a successful write (see the module rules)
                         results[i] = f

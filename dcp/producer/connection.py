@@ -4,9 +4,9 @@ Rules of this module:
 - The reader parses every complete frame of each ``receive_some`` and handles them
   synchronously (``kv_handlers`` / ``dcp_handlers``); it never writes to the socket.
   Framing is done inline (the same validation as ``dcp.protocol.FrameReader``: a header
-  is checked before its body is awaited) so that a plain SET, the bulk of pipelined
-  ingest, goes to ``kv_handlers.set_fast`` without a ``Frame``; the answers of one
-  received chunk are queued as one response, in request order.
+  is checked before its body is awaited) so that runs of plain SETs, the bulk of
+  pipelined ingest, go to ``kv_handlers.set_run`` without a ``Frame``; the answers of
+  one received chunk are queued as one response, in request order.
 - The writer is the only task that writes. Per wake-up it packs queued responses (in
   request order) and then stream frames (round robin over ready streams, within the
   flow-control window) into one buffer and makes one ``send_all``.
@@ -45,7 +45,6 @@ log = logging.getLogger("dcp.conn")
 _ids = itertools.count(1)
 _RECEIVE_SIZE = 256 * 1024
 _HDR = struct.Struct(">BBHBBHIIQ").unpack_from
-_HDR_STORE = struct.Struct(">BBHBBHIIQII").unpack_from  # header + SET extras
 _KNOWN_MAGIC = frozenset(int(m) for m in Magic)
 _ALT_MAGIC = frozenset((int(Magic.ALT_REQUEST), int(Magic.ALT_RESPONSE)))
 _RESPONSES = frozenset((int(Magic.RESPONSE), int(Magic.ALT_RESPONSE)))
@@ -181,7 +180,7 @@ class Connection:
     async def _reader(self) -> None:
         from .dcp_handlers import handle_response
         from .dispatch import HANDLERS, unknown_command
-        from .kv_handlers import set_fast
+        from .kv_handlers import set_run
 
         server = self.server
         cap = server.config.connection_output_cap
@@ -214,12 +213,16 @@ class Connection:
             refusal: str | None = None
             try:
                 while n - pos >= 24:
-                    if n - pos >= 32:
-                        magic, op, kl, el, dt, vb, body, opq, cas, flags, exp = _HDR_STORE(
-                            buf, pos)
-                    else:
-                        magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
-                        flags = exp = -1
+                    if buf[pos + 1] == 0x01 and buf[pos] == 0x80:  # a SET: maybe a run
+                        if refusal is None:
+                            refusal = server.write_refusal()
+                        if not refusal:
+                            pos_after, done = set_run(self, buf, pos, n, max_body, out)
+                            if done:
+                                count += done
+                                pos = pos_after
+                                continue
+                    magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
                     if magic in _ALT_MAGIC:
                         fel = kl >> 8
                         kl &= 0xFF
@@ -239,15 +242,6 @@ class Connection:
                         need = 24 + body
                         break
                     count += 1
-                    if op == 0x01 and magic == 0x80 and el == 8 and kl and flags >= 0:
-                        if refusal is None:
-                            refusal = server.write_refusal()
-                        if not refusal:
-                            k = pos + 32
-                            if set_fast(self, vb, buf[k:k + kl], buf[k + kl:end], flags, exp,
-                                        cas, dt, opq, out):
-                                pos = end
-                                continue
                     if out:  # answers stay in request order
                         self.respond(bytes(out))
                         out = bytearray()

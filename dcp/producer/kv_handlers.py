@@ -9,12 +9,12 @@ Rules of this module:
   seqno is persisted (``Connection.respond_when_persisted``).
 - Writes are refused with ETMPFAIL while storage is failing or checkpoint memory is far
   over quota: accepting them would only grow memory that cannot be flushed.
-- ``set_fast`` is the pipelined-ingest path the connection's reader takes for a plain
-  SET (magic 0x80, 8-byte extras, no framing extras) straight from the received bytes:
-  the same checks, engine call and response as ``store``, without building a ``Frame``,
-  appending the response to the reader's per-chunk output. Anything it does not handle
-  the ordinary way (an error, a refusal, a misrouted key) makes it return False and the
-  reader sends the request through ``store``.
+- ``set_run`` is the pipelined-ingest path the connection's reader takes for a run of
+  plain SETs (magic 0x80, 8-byte extras, no framing extras, no CAS) straight from the
+  received bytes: the same checks, engine effect and response as ``store``, without a
+  ``Frame`` or a ``MutationResult``, appending the responses to the reader's per-chunk
+  output. It stops before anything it does not handle (an error, a misrouted key, an
+  unusual frame), which the reader then sends through ``store`` the ordinary way.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ _SET = int(Opcode.SET)
 _MUTATION_SEQNO = int(HelloFeature.MUTATION_SEQNO)
 _resp_seqno = struct.Struct(">BBHBBHIIQQQ").pack  # response header + vb_uuid + seqno
 _resp_plain = struct.Struct(">BBHBBHIIQ").pack
+_HDR_STORE = struct.Struct(">BBHBBHIIQII").unpack_from  # request header + SET extras
 _crc32 = zlib.crc32
 
 
@@ -145,25 +146,55 @@ def store(conn: Connection, f: Frame) -> None:
     _finish_write(conn, f, f.vbucket, result)
 
 
-def set_fast(conn: Connection, vbid: int, key: bytes, value: bytes, flags: int, expiry: int,
-             cas: int, datatype: int, opaque: int, out: bytearray) -> bool:
-    """A plain SET from the reader's fast path (see the module rules); True when handled
-    (its response appended to ``out``), False to send it through ``store`` instead."""
+def set_run(conn: Connection, buf: bytes, pos: int, n: int, max_body: int,
+            out: bytearray) -> tuple[int, int]:
+    """The plain SETs starting at ``buf[pos:]`` (see the module rules): applies each
+    complete one and appends its answer to ``out``, and stops at the first frame it does
+    not handle (another request, an incomplete frame, anything ``store`` must check or
+    answer with an error). Returns (position after the last SET applied, SETs applied).
+
+    The caller has checked ``server.write_refusal()`` for this chunk. One clock read and
+    one notification per vbucket for the whole run (``Bucket.queued_many``).
+    """
     bucket = conn.server.bucket
-    n = bucket.num_vbuckets
-    if vbid >= n or ((_crc32(key) >> 16) & 0x7FFF) & (n - 1) != vbid or not 0 < len(key) <= 250:
-        return False
+    vbs = bucket._vbuckets
+    nvb = bucket.num_vbuckets
+    mask = nvb - 1
+    seqno_answer = _MUTATION_SEQNO in conn.features
+    now = bucket.clock()
+    touched: set[int] = set()
+    touch = touched.add
+    count = 0
     try:
-        result = bucket._vbuckets[vbid].store(key, value, flags, expiry, cas, datatype, 0)
-    except StatusError:
-        return False  # ``store`` repeats the checks and answers the error
-    if _MUTATION_SEQNO in conn.features:
-        out += _resp_seqno(0x81, _SET, 0, 16, 0, 0, 16, opaque, result.cas, result.vb_uuid,
-                           result.seqno)
-    else:
-        out += _resp_plain(0x81, _SET, 0, 0, 0, 0, 0, opaque, result.cas)
-    conn.server.metrics.op(_SET)
-    return True
+        while n - pos >= 32:
+            magic, op, kl, el, dt, vb, body, opq, cas, flags, exp = _HDR_STORE(buf, pos)
+            # the same limits as FrameReader's; anything unusual goes the ordinary way
+            if op != _SET or magic != 0x80 or el != 8 or cas or not 0 < kl <= 250 or \
+                    8 + kl > body or body > max_body or vb >= nvb:
+                break
+            end = pos + 24 + body
+            if end > n:
+                break
+            k = pos + 32
+            key = buf[k:k + kl]
+            if ((_crc32(key) >> 16) & 0x7FFF) & mask != vb:
+                break  # misrouted: ``store`` answers NOT_MY_VBUCKET
+            r = vbs[vb].store_set(key, buf[k + kl:end], flags, exp, dt, now)
+            if r is None:
+                break
+            touch(vb)
+            new_cas, uuid, seqno = r
+            if seqno_answer:
+                out += _resp_seqno(0x81, _SET, 0, 16, 0, 0, 16, opq, new_cas, uuid, seqno)
+            else:
+                out += _resp_plain(0x81, _SET, 0, 0, 0, 0, 0, opq, new_cas)
+            pos = end
+            count += 1
+    finally:
+        if count:
+            bucket.queued_many(touched)
+            conn.server.metrics.ops[_SET] += count
+    return pos, count
 
 
 def delete(conn: Connection, f: Frame) -> None:

@@ -17,7 +17,8 @@ Rules of this module:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ...protocol.errors import NotMyVbucket
@@ -143,7 +144,9 @@ class Bucket:
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """``fn(vbid)`` is called synchronously whenever items are queued into a vbucket's
-        checkpoints, its state changes, or one of its cursors is dropped."""
+        checkpoints, its state changes, or one of its cursors is dropped. (A batched
+        writer, ``VBucket.store_set``, calls it once per vbucket at the end of its batch,
+        before it returns to the event loop.)"""
         self._listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[int], None]) -> None:
@@ -153,6 +156,14 @@ class Bucket:
         self._dirty.add(vbid)
         for fn in self._listeners:
             fn(vbid)
+
+    def queued_many(self, vbids: Collection[int]) -> None:
+        """What each vbucket's notification does, once for every vbucket in ``vbids``
+        (writers that batch, ``VBucket.store_set``, notify here after the batch)."""
+        if vbids:
+            self._dirty.update(vbids)
+            for fn in self._listeners:
+                deque(map(fn, vbids), 0)  # call fn(vbid) for each, at C speed
 
     # ------------------------------------------------------------------ memory
 

@@ -182,36 +182,37 @@ class LmdbStorage:
         """
         history = self.history_enabled
         with self._write_lock:
-            updates: list[tuple[dict[bytes, int], list[Item]]] = []
+            # per vbucket written: its disk index and {key: newest seqno written}
+            updates: list[tuple[dict[bytes, int], dict[bytes, int]]] = []
             try:
                 txn = self.env.begin(write=True)
             except lmdb.Error as exc:
                 raise _wrap(exc, "cannot begin flush") from exc
             try:
                 state_db = self.state_db
+                item_dbs = self._item_dbs
+                disk_index = self._disk_index
+                put = txn.put
                 for vf in batch.vbuckets:
                     vb = vf.vbid
                     items = vf.items
                     if items:
-                        db = self._item_dbs[vb]
-                        if not history and len(items) > 1:
-                            last = {it.key: i for i, it in enumerate(items)}
-                            if len(last) != len(items):
-                                items = [it for i, it in enumerate(items) if last[it.key] == i]
+                        db = item_dbs[vb]
+                        # items are in seqno order: the last one of a key wins
+                        newest = {it.key: it.seqno for it in items}
+                        if len(newest) != len(items) and not history:
+                            items = [it for it in items if newest[it.key] == it.seqno]
                         pairs = [(item_key(vb, it.seqno), encode_item(it)) for it in items]
                         _, added = txn.cursor(db=db).putmulti(pairs, append=True)
                         if added != len(pairs):
                             raise StorageError(f"vb {vb}: items not above the stored seqnos")
-                        dindex = self._disk_index[vb]
-                        if not history:
-                            delete = txn.delete
-                            get = dindex.get
-                            for it in items:
-                                old = get(it.key)
-                                if old is not None:
-                                    delete(item_key(vb, old), db=db)
-                        updates.append((dindex, items))
-                    txn.put(VB_KEY.pack(vb), self._merged(vb, vf.state).encode(), db=state_db)
+                        dindex = disk_index[vb]
+                        if not history and dindex:
+                            # the stored versions these items supersede (seqnos are >= 1)
+                            for old in list(filter(None, map(dindex.get, newest))):
+                                txn.delete(item_key(vb, old), db=db)
+                        updates.append((dindex, newest))
+                    put(VB_KEY.pack(vb), self._merged(vb, vf.state).encode(), db=state_db)
                 if self.before_commit is not None:
                     self.before_commit(batch)
                 txn.commit()
@@ -221,9 +222,8 @@ class LmdbStorage:
             except BaseException:
                 txn.abort()
                 raise
-            for dindex, items in updates:
-                for it in items:
-                    dindex[it.key] = it.seqno
+            for dindex, newest in updates:
+                dindex.update(newest)
 
     # ------------------------------------------------------------------ reads
 

@@ -169,8 +169,7 @@ class VBucket:
         if (flags | expiry) >> 32 or datatype >> 8 or cas >> 64:
             raise InvalidArguments(Status.EINVAL, "flags/expiry/datatype/cas out of range")
         now = self._clock()
-        index = self._index
-        old = index.get(key)
+        old = self._index.get(key)
         if old is None:
             if mode == 2 or cas:  # REPLACE, or CAS on a missing key
                 if mode == StoreMode.ADD:
@@ -181,6 +180,14 @@ class VBucket:
             if mode or cas:
                 self._check_existing(old, now, mode, cas)
             rev = old[1] + 1
+        seqno, new_cas = self._apply(key, value, flags, expiry, datatype, now, rev)
+        self._notify(self.vbid)
+        return MutationResult(seqno, new_cas, self.failover_log.entries[0][0])
+
+    def _apply(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int,
+               now: float, rev: int) -> tuple[int, int]:
+        """Write a checked mutation: seqno, CAS, key index, expiry heap, checkpoint.
+        Returns (seqno, CAS). Does not notify (callers do, per write or per batch)."""
         if expiry and expiry <= _RELATIVE_EXPIRY_MAX:
             expiry += int(now)
         seqno = self.high_seqno + 1
@@ -189,15 +196,32 @@ class VBucket:
         if new_cas <= self._max_cas:
             new_cas = self._max_cas + 1
         self._max_cas = new_cas
-        # No body: the checkpoint encodes the frame into its wire log (checkpoint.py)
-        item = Item(self.vbid, seqno, rev, new_cas, flags, expiry, datatype, key, value,
-                    _MUTATION, 0, b"")
-        index[key] = (seqno, rev, new_cas, flags, expiry, datatype, 0)
+        self._index[key] = (seqno, rev, new_cas, flags, expiry, datatype, 0)
         if expiry:
             heapq.heappush(self._expiries, (expiry, seqno, key))
-        self.checkpoints.queue(item)
-        self._notify(self.vbid)
-        return MutationResult(seqno, new_cas, self.failover_log.entries[0][0])
+        # No body: the checkpoint encodes the frame into its wire log (checkpoint.py)
+        self.checkpoints.queue(Item(self.vbid, seqno, rev, new_cas, flags, expiry, datatype,
+                                    key, value, _MUTATION, 0, b""))
+        return seqno, new_cas
+
+    def store_set(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int,
+                  now: float) -> tuple[int, int, int] | None:
+        """A plain SET (no CAS) of the batched ingest path; returns (CAS, vbucket uuid,
+        seqno), or None (nothing changed) when ``store`` must handle it instead.
+
+        The caller guarantees ``key`` and ``value`` are ``bytes``, ``0 < len(key) <= 250``
+        and flags/expiry/datatype are in range (they come from a validated frame), and
+        passes ``now`` (the clock read once per batch). It must then call
+        ``Bucket.queued_many`` with the vbuckets it wrote to: this method does not
+        notify (one notification per vbucket and batch instead of one per write).
+        """
+        if self.state is not _ACTIVE or len(value) > self._max_value or \
+                len(key) > self._max_key:
+            return None  # ``store`` raises the right error
+        old = self._index.get(key)
+        seqno, new_cas = self._apply(key, value, flags, expiry, datatype, now,
+                                     1 if old is None else old[1] + 1)
+        return new_cas, self.failover_log.entries[0][0], seqno
 
     @staticmethod
     def _check_existing(old: tuple, now: float, mode: int, cas: int) -> None:
