@@ -53,7 +53,7 @@ class ServerConfig:
     flush_batch_items: int = 50_000
     #: Pause between two flushes unless a durable write waits (fewer fsync'd
     #: transactions under a trickle of writes; durable writes are flushed at once).
-    flush_interval: float = 0.005
+    flush_interval: float = 0.05
     expiry_interval: float = 10.0
     compaction_interval: float = 3600.0
     #: Backfill buffer per stream (bytes) before the disk scan pauses.
