@@ -68,11 +68,17 @@ _ALLOWED = {
 class StreamOptions:
     """Per-connection choices that shape every frame of its streams."""
 
-    __slots__ = ("expiry_opcode", "include_delete_times", "keep_datatype", "no_value")
+    __slots__ = ("expiry_opcode", "include_delete_times", "keep_datatype", "no_value",
+                 "seqno_advanced")
 
     def __init__(self, *, no_value: bool = False, include_delete_times: bool = False,
-                 expiry_opcode: bool = False, keep_datatype: bool = False) -> None:
+                 expiry_opcode: bool = False, keep_datatype: bool = False,
+                 seqno_advanced: bool = False) -> None:
         self.no_value = no_value
+        #: control ``send_seqno_advanced``: end a disk snapshot whose last seqno has no
+        #: item (a purged tombstone) with DCP_SEQNO_ADVANCED, so the client knows it is
+        #: complete without waiting for the vbucket's next change.
+        self.seqno_advanced = seqno_advanced
         #: Open flag 0x40: the value is stripped but the datatype reports the stored one.
         self.keep_datatype = keep_datatype
         self.include_delete_times = include_delete_times
@@ -275,6 +281,11 @@ class ActiveStream:
                 if self._cur_disk:  # the disk snapshot is complete
                     self._cur_disk = False
                     if self._cur_end > self.last_sent_seqno:
+                        if self.options.seqno_advanced and self._cur_end <= self.end_seqno:
+                            # its last seqno has no item: say the snapshot is complete
+                            frame = codec.seqno_advanced(self.vbid, self.opaque, self._cur_end)
+                            buf += frame
+                            buffer_log.record(len(frame))
                         self.last_sent_seqno = min(self._cur_end, self.end_seqno)
                 if (self._cur_end >= self.end_seqno or self.last_sent_seqno >= self.end_seqno
                         or self.skip_until >= self.end_seqno):

@@ -106,6 +106,10 @@ def control(conn: Connection, f: Frame) -> None:
         if val != "true":
             return bad("can only be turned on")
         conn.options.expiry_opcode = True
+    elif key == "send_seqno_advanced":
+        if val not in _TRUE:
+            return bad("expected true or false")
+        conn.options.seqno_advanced = _TRUE[val]
     elif key == "change_streams":
         if val != "true":
             return bad("can only be turned on")

@@ -89,6 +89,9 @@ class _Reader:
                             controls={
                                 "send_stream_end_on_client_close_stream": "true",
                                 "enable_expiry_opcode": "true",
+                                # A disk range whose last seqno was a purged tombstone
+                                # then completes without waiting for the next change.
+                                "send_seqno_advanced": "true",
                                 # Refused without a history window on the server: fine.
                                 "change_streams": "true",
                             })

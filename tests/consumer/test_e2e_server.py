@@ -149,3 +149,29 @@ async def test_server_noops_are_answered_and_keep_the_connection(tmp_path):
             await trio.sleep(1.2)
             stats = c.statistics()
     assert stats["noops"] >= 3 and stats["connects"] == 1 and stats["reconnects"] == 0
+
+
+async def test_an_idle_vbucket_whose_last_tombstone_was_purged_is_delivered_at_once(tmp_path):
+    """The disk snapshot's end seqno has no item (the tombstone was purged): the server
+    says the snapshot is complete (SEQNO_ADVANCED) instead of leaving the SDK waiting for
+    the vbucket's next change."""
+    from dcp.producer.tasks import compact_now
+
+    async with running_server(tmp_path / "d", tombstone_purge_age=0.0,
+                              checkpoint_retain_seconds=0) as server:
+        async with kv(server) as k:
+            await k.set_many({f"k{i}": b"v" for i in range(40)})
+            await k.delete("k3")
+        vb = codec.vbucket_for_key(b"k3", NUM_VB)
+        high = server.bucket.vbucket(vb).high_seqno
+        await server.flush_all()
+        server.bucket.vbucket(vb).checkpoints.create_checkpoint()
+        await server.flush_all()
+        await trio.sleep(0.01)
+        assert await compact_now(server) == 1
+        async with client(server, vbuckets=[vb]) as c:  # open-ended: no STREAM_END
+            with trio.fail_after(5):
+                batch = await c.__anext__()
+        assert batch.end == high and batch.is_disk
+        assert b"k3" not in {e.key for e in batch}
+        assert len(batch.events) == high - 2  # every other write of the vbucket

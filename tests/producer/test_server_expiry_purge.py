@@ -56,3 +56,36 @@ async def test_purged_tombstones_force_a_rollback_to_zero_below_the_purge_seqno(
             assert r.status == Status.ROLLBACK and codec.U64.unpack(r.value)[0] == 0
             r = await c.stream_req(2, start=5, uuid=uuid)
             assert r.status == Status.SUCCESS
+
+
+async def test_a_disk_snapshot_ending_in_a_purged_tombstone_ends_with_seqno_advanced(
+        tmp_path) -> None:
+    async with running_server(tmp_path / "d", tombstone_purge_age=0.0,
+                              checkpoint_retain_seconds=0) as server:
+        async with client_of(server) as c:
+            keys = keys_for_vb(2, 3, 4)
+            await c.set_many([(k, b"v") for k in keys])
+            assert (await c.delete(keys[0])).status == Status.SUCCESS  # seqno 4: the last
+            await server.flush_all()
+            server.bucket.vbucket(2).checkpoints.create_checkpoint()
+            await server.flush_all()
+            await trio.sleep(0.01)
+            assert await compact_now(server) == 1
+            for on in (True, False):
+                async with client_of(server) as d:
+                    await d.dcp_open(f"t-adv-{on}")
+                    if on:
+                        assert (await d.control("send_seqno_advanced", "true")).status == 0
+                    assert (await d.stream_req(2)).status == Status.SUCCESS  # open-ended
+                    frames = await d.frames_for(0.5)
+                    ops = [f.opcode for f in frames if f.opcode != Opcode.DCP_NOOP]
+                    (marker,) = [codec.parse_snapshot_marker(f) for f in frames
+                                 if f.opcode == Opcode.DCP_SNAPSHOT_MARKER]
+                    # seqno 1 was superseded by the tombstone at 4, which was purged
+                    assert marker[:2] == (2, 4)
+                    assert [s for _, s, _, _ in items_of(frames)] == [2, 3]
+                    if on:
+                        assert ops[-1] == Opcode.DCP_SEQNO_ADVANCED
+                        assert codec.parse_seqno_advanced(frames[-1]) == 4
+                    else:
+                        assert Opcode.DCP_SEQNO_ADVANCED not in ops

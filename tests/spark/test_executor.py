@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import trio
 
 from dcp.protocol import FrameReader, Opcode, codec
 from dcp.spark.arrow import to_record_batch
@@ -271,3 +272,33 @@ def test_expirations_and_deletions_have_their_own_op(tmp_path):
     assert rows["brief"]["op"] == "expiration"
     assert rows["stays"]["op"] == "mutation" and rows["stays"]["flags"] == 0xDEADBEEF
     assert rows["stays"]["value"] == b"z" and rows["stays"]["cas"] > 0
+
+
+def test_a_range_ending_in_a_purged_tombstone_completes_without_a_later_change(tmp_path):
+    """The range's last seqno was a deletion whose tombstone compaction purged: the disk
+    has no item there, the server says so (SEQNO_ADVANCED) and the read finishes."""
+    from dcp.producer.tasks import compact_now
+
+    s = ThreadServer(tmp_path / "d", num_vbuckets=4, tombstone_purge_age=0,
+                     checkpoint_retain_seconds=0)
+    try:
+        with s.kv() as kv:
+            kv.set_many({f"k{i}": b"v" for i in range(40)})
+            kv.delete("k3")
+        highs, logs = _plan(s)
+        s.flush()
+
+        def new_checkpoints() -> None:
+            for vb in range(4):
+                s.server.bucket.vbucket(vb).checkpoints.create_checkpoint()
+
+        s.call(new_checkpoints)
+        s.flush()
+        assert trio.from_thread.run(compact_now, s.server, trio_token=s._token) == 1
+        ranges = [VbRange(vb, logs[vb][0][0], 0, h) for vb, h in highs.items() if h]
+        t0 = time.monotonic()
+        rows = _read(s, ranges, timeout="3", retryTimeout="3")
+        assert time.monotonic() - t0 < 3
+        assert sorted(r[3] for r in rows) == sorted(f"k{i}".encode() for i in range(40) if i != 3)
+    finally:
+        s.stop()
