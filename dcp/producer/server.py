@@ -65,6 +65,7 @@ class DcpServer:
         self._dirty: set[int] = set()
         self._flush_event = trio.Event()
         self._durable_event = trio.Event()  # set by want_flush (tasks.run_flusher)
+        self.flush_backlog = False  # the last flush was capped: more is waiting
         self._storage_lock = trio.Lock()
         self._backfill_limiter = trio.CapacityLimiter(self.config.max_concurrent_backfills)
         self._conn_backfill_slots: dict[int, trio.CapacityLimiter] = {}

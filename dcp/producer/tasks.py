@@ -75,6 +75,8 @@ async def flush_once(server: DcpServer, *, respect_pause: bool = False) -> bool:
                 flusher.failed(batch, exc)
                 raise
             advanced = flusher.complete(batch)
+            # a capped batch left items behind: the flusher must not pause before them
+            server.flush_backlog = batch.num_items >= server.config.flush_batch_items
     server.metrics.flushes += 1
     if server.storage_error:
         log.info("storage recovered: flushing again")
@@ -114,9 +116,12 @@ async def run_flusher(server: DcpServer) -> None:
             server._flush_event = trio.Event()
             with trio.move_on_after(0.5):
                 await server._flush_event.wait()
-        elif interval:
+        elif interval and not server.flush_backlog and not any(
+                conn.has_pending_durable() for conn in server.connections):
             # Persist by time under a trickle of writes: one fsync'd transaction per
             # interval rather than per request batch (each costs the event loop GIL time).
+            # Never with a backlog left or a durable write still waiting (it may be of a
+            # vbucket a capped batch did not reach).
             with trio.move_on_after(interval):
                 await server._durable_event.wait()
 

@@ -356,3 +356,15 @@ def test_without_retention_closed_checkpoints_go_at_once() -> None:
     seq.put(b"a", b"b", b"c", b"d")
     mgr.persistence_cursor.take(100)
     assert mgr.memory_start_seqno == 4
+
+
+def test_hot_keys_still_close_checkpoints_every_max_items_writes() -> None:
+    """Compaction keeps the slots of 3 hot keys few, but the checkpoint still closes after
+    max_items writes, so streams get regular boundaries."""
+    mgr, _ = manager(max_items=2000)
+    seq = Seq(mgr)
+    for _ in range(3000):
+        seq.put(b"a", b"b", b"c")
+    closed = [c for c in mgr.checkpoints if c.closed]
+    assert len(closed) == 4  # 9000 writes, a close every 2000
+    assert all(len(c.items) == 3 for c in closed)

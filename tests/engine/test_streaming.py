@@ -119,3 +119,25 @@ def test_persisted_open_checkpoints_are_closed_and_freed_under_pressure(open_buc
     b.flusher.flush_all()
     assert b.checkpoint_memory() <= 20_000
     assert b.get(0, b"k0").value == b"x" * 100  # now read from disk
+
+
+def test_with_retention_pressure_frees_what_it_closes_before_dropping_any_cursor(
+        open_bucket, clock) -> None:
+    """Retained checkpoints are the first thing memory pressure takes, including the
+    persisted open checkpoints it closes itself; a slow stream keeps its cursor when that
+    is enough."""
+    b = open_bucket(checkpoint_retain_seconds=3600.0, checkpoint_max_items=100_000)
+    slow = b.vbucket(1).checkpoints.register_cursor("slow", 0).cursor
+    for i in range(40):
+        b.set(1, b"s%d" % i, b"x" * 100)  # pinned by the slow cursor (4-5 kB)
+    for i in range(400):
+        b.set(0, b"k%d" % i, b"x" * 100)  # persisted below, then only retention keeps it
+    b.flusher.flush_all()
+    pinned = b.vbucket(1).checkpoints.mem_usage
+    assert b.checkpoint_memory() > 4 * pinned
+    b.checkpoint_memory_quota = 2 * pinned
+    assert not slow.dropped and b.cursors_dropped == 0
+    assert b.checkpoint_memory() <= 2 * pinned
+    assert b.vbucket(0).checkpoints.mem_usage == 0  # closed by pressure, not retained
+    clock.advance(1)
+    assert b.release_retained() == 0

@@ -106,6 +106,31 @@ async def test_flush_interval_batches_plain_writes_but_never_delays_a_durable_on
             assert server.bucket.vbucket(1).persisted_seqno == 3
 
 
+async def test_a_durable_write_behind_a_flush_backlog_is_not_held_by_the_interval(
+        tmp_path) -> None:
+    """Batches capped at 4 items, a 30 s interval, one pending item on each of 64
+    vbuckets: the flusher drains the backlog without pausing, so a durable write on
+    any vbucket is answered at once."""
+    from .conftest import client_of, running_server
+
+    async with running_server(tmp_path / "d", num_vbuckets=64, flush_interval=30.0,
+                              flush_batch_items=4) as server:
+        async with client_of(server) as client:
+            await client.hello([HelloFeature.MUTATION_SEQNO])
+            server.pause_persistence()
+            await client.set_many([(keys_for_vb(vb, 1, 64)[0], b"x") for vb in range(64)])
+            server.resume_persistence()
+            k = keys_for_vb(63, 2, 64)[1]
+            op = next(client.opaques)
+            await client.send(codec.request(
+                Opcode.SET, vbucket=63, opaque=op, extras=codec.store_extras(0, 0), key=k,
+                value=b"durable", framing_extras=codec.durability_frame_info(
+                    DurabilityLevel.PERSIST_TO_MAJORITY)))
+            r = await client.next_frame(3)
+            assert r.opaque == op and r.status == Status.SUCCESS
+            assert all(server.bucket.vbucket(vb).persisted_seqno >= 1 for vb in range(64))
+
+
 async def test_pipelined_requests_are_answered_in_order(client) -> None:
     keys = [b"p-%d" % i for i in range(300)]
     frames = await client.set_many([(k, k) for k in keys])

@@ -191,24 +191,25 @@ class Bucket:
     def _memory_pressure(self) -> None:
         """Get checkpoint memory back under the quota, cheapest step first.
 
-        0. Free the checkpoints kept only by ``checkpoint_retain_seconds``.
         1. Close open checkpoints the persistence cursor has fully read: an open
            checkpoint is never freed, so persisted items would otherwise stay in memory
            for good (kv_engine creates a new checkpoint under pressure for the same
-           reason). Streams that read them all move on and the old ones are freed.
+           reason). Streams that read them all move on and the old ones are freed,
+           together with every checkpoint kept only by ``checkpoint_retain_seconds``
+           (retention is the first thing memory pressure takes).
         2. Drop the stream cursors pinning the most memory behind the persistence
            cursor (never the persistence cursor itself).
         If memory is still above the quota it is pinned by unpersisted items; the next
         attempt waits for some growth (or for the flusher, which calls this again).
         """
         mem = self._memory
-        if mem.retain_seconds:  # 0. retention is the first thing memory pressure takes
-            for vb in self._vbuckets:
-                vb.checkpoints.release_retained(all_of_them=True)
         for vb in self._vbuckets:
             mgr = vb.checkpoints
             if mgr.persistence_caught_up() and mgr.open_checkpoint_items():
                 mgr.create_checkpoint()
+        if mem.retain_seconds:  # after step 1: the checkpoints it closed are retained too
+            for vb in self._vbuckets:
+                vb.checkpoints.release_retained(all_of_them=True)
         touched = []
         if mem.used > mem.quota:
             candidates: list[tuple[int, int, Cursor]] = []

@@ -71,8 +71,8 @@ class Checkpoint:
     """
 
     __slots__ = ("closed", "closed_at", "gen", "id", "index", "items", "kinds", "last_seqno",
-                 "mem", "next", "num_cursors", "seqnos", "stamp_from", "stamp_opaque",
-                 "stamp_upto", "start_seqno", "starts", "wire", "wire_dead")
+                 "mem", "next", "num_cursors", "queued", "seqnos", "stamp_from",
+                 "stamp_opaque", "stamp_upto", "start_seqno", "starts", "wire", "wire_dead")
 
     def __init__(self, ckpt_id: int, start_seqno: int) -> None:
         self.id = ckpt_id
@@ -85,6 +85,7 @@ class Checkpoint:
         self.next: Checkpoint | None = None
         self.closed = False
         self.closed_at = -1.0  # clock time it closed (retention only; see checkpoint_manager)
+        self.queued = 0  # items queued into it, superseded ones included (closing rule)
         # the wire log (module rules): frames of mutation slots, per-slot offsets/seqnos
         self.wire = bytearray()
         self.starts = array("I")  # per slot: offset of its frame in ``wire`` (< 4 GiB)

@@ -2,8 +2,9 @@
 
 Rules of this module:
 - Items enter only through ``queue`` (seqno order, the vbucket assigns seqnos). The open
-  checkpoint is closed at ``checkpoint_max_items`` slots, ``checkpoint_max_bytes`` bytes,
-  or on request (``create_checkpoint``).
+  checkpoint is closed once ``checkpoint_max_items`` items were queued into it (counting
+  the ones deduplicated since, so hot keys still get regular boundaries),
+  ``checkpoint_max_bytes`` bytes, or on request (``create_checkpoint``).
 - The persistence cursor (``PERSISTENCE_CURSOR``) exists from the start and is never
   dropped or removed: a checkpoint holding unpersisted items can never be freed.
 - A closed checkpoint is freed once it is the oldest and no cursor is in it, and (with
@@ -177,7 +178,8 @@ class CheckpointManager:
         ckpt.last_seqno = item.seqno
         mem = self._memory
         mem.used += size
-        if (len(items) >= self._max_items or ckpt.mem >= self._max_bytes
+        ckpt.queued += 1
+        if (ckpt.queued >= self._max_items or ckpt.mem >= self._max_bytes
                 or len(ckpt.wire) >= _WIRE_MAX):
             self._close_open()
         if mem.used > mem.threshold:
@@ -289,7 +291,8 @@ class CheckpointManager:
 
     @property
     def retained_bytes(self) -> int:
-        """Memory of the closed checkpoints kept only by the retention time."""
+        """Memory of the oldest closed checkpoints that no cursor needs: those retention
+        keeps (or whose time is up and that the next ``release_retained`` frees)."""
         n = 0
         for c in self._checkpoints:
             if c.num_cursors or not c.closed:

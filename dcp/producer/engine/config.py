@@ -26,7 +26,8 @@ class EngineConfig:
         num_vbuckets: number of vbuckets, a power of two (Couchbase uses 1024).
         max_key_size: longest key accepted (memcached: 250 bytes).
         max_value_size: largest value accepted (Couchbase: 20 MiB); larger -> ``TooBig``.
-        checkpoint_max_items: the open checkpoint is closed when it holds this many slots.
+        checkpoint_max_items: the open checkpoint is closed once this many items were queued
+            into it (deduplicated ones included).
         checkpoint_max_bytes: ... or when its items take this many bytes.
         checkpoint_memory_quota: bucket-wide checkpoint memory above which the cursors of
             the slowest streams are dropped so their checkpoints can be freed.
