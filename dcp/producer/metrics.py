@@ -91,6 +91,9 @@ class MetricsCollector:
                                 value=b.checkpoint_memory())
         yield GaugeMetricFamily("dcp_checkpoint_memory_quota_bytes", "Checkpoint memory quota",
                                 value=b.checkpoint_memory_quota)
+        yield GaugeMetricFamily("dcp_checkpoint_retained_bytes",
+                                "Checkpoint memory kept only by checkpoint_retain_seconds",
+                                value=b.checkpoint_retained())
         yield GaugeMetricFamily("dcp_flusher_queue_items", "Items waiting to be persisted",
                                 value=b.flusher.pending_items())
         high = persisted = 0

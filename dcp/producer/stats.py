@@ -51,6 +51,7 @@ def _general(server: DcpServer) -> list[tuple[str, Any]]:
         ("ep_num_vbuckets", b.num_vbuckets),
         ("ep_checkpoint_memory", b.checkpoint_memory()),
         ("ep_checkpoint_memory_quota", b.checkpoint_memory_quota),
+        ("ep_checkpoint_memory_retained", b.checkpoint_retained()),
         ("ep_queue_size", b.flusher.pending_items()),
         ("ep_storage_error", server.storage_error or ""),
         ("ep_rollbacks_answered", server.metrics.rollbacks),

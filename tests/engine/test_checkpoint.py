@@ -368,3 +368,17 @@ def test_hot_keys_still_close_checkpoints_every_max_items_writes() -> None:
     closed = [c for c in mgr.checkpoints if c.closed]
     assert len(closed) == 4  # 9000 writes, a close every 2000
     assert all(len(c.items) == 3 for c in closed)
+
+
+def test_a_checkpoint_closed_while_its_flush_was_in_flight_is_freed_when_it_completes() -> None:
+    mgr, mem = manager()
+    seq = Seq(mgr)
+    seq.put(b"a", b"b")
+    p = mgr.persistence_cursor
+    _, mark = p.peek(100)  # the flusher takes the batch ...
+    mgr.create_checkpoint()  # ... the checkpoint closes meanwhile (the cursor is not at its end)
+    assert len(mgr.checkpoints) == 2
+    p.advance_to(mark)  # ... and the batch is durable: nothing pins checkpoint 1 any more
+    assert len(mgr.checkpoints) == 1 and mem.used == 0
+    seq.put(b"c")
+    assert flat(p.take(100)) == [(3, b"c")]

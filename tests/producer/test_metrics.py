@@ -151,6 +151,23 @@ async def test_dropped_cursors_stay_counted_after_their_stream_is_gone(tmp_path:
         await kv.aclose()
 
 
+async def test_retained_checkpoint_memory_is_reported_then_freed(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, checkpoint_retain_seconds=0.3)
+    async with DcpServer(cfg) as server:
+        kv = await WireClient.connect(server.port, NVB)
+        await kv.set_many([(k, b"x" * 100) for k in keys_for_vb(1, 50, NVB)])
+        server.bucket.vbucket(1).checkpoints.create_checkpoint()
+        await server.flush_all()
+        s = await scrape(server.metrics_port)
+        retained = m(s, "dcp_checkpoint_retained_bytes")
+        assert retained > 50 * 100 and retained <= m(s, "dcp_checkpoint_memory_bytes")
+        assert int((await kv.stats())["ep_checkpoint_memory_retained"]) == retained
+        with trio.fail_after(5):  # housekeeping frees it once its time is up
+            while m(await scrape(server.metrics_port), "dcp_checkpoint_retained_bytes"):
+                await trio.sleep(0.05)
+        await kv.aclose()
+
+
 async def test_only_get_metrics_is_served(tmp_path: Path) -> None:
     async with DcpServer(_config(tmp_path)) as server:
         port = server.metrics_port

@@ -181,6 +181,11 @@ class Bucket:
         if self._memory.used > quota:
             self._memory_pressure()
 
+    def checkpoint_retained(self) -> int:
+        """Bytes of closed checkpoints no cursor needs, kept for ``checkpoint_retain_seconds``
+        (part of ``checkpoint_memory``; memory pressure frees them first)."""
+        return sum(vb.checkpoints.retained_bytes for vb in self._vbuckets)
+
     def release_retained(self) -> int:
         """Free retained checkpoints whose retention time is up; returns bytes freed
         (the server calls this about once a second)."""

@@ -333,6 +333,11 @@ class Cursor:
             return
         if gen != ckpt.gen:
             offset = ckpt.offset_after(last)
+        if ckpt.closed and offset >= len(ckpt.items) and ckpt.next is not None:
+            # all of a closed checkpoint is read: step out of it so it can be freed (it
+            # closed while this batch was being written, after ``_close_open`` moved
+            # the cursors that were at its end)
+            ckpt, offset = ckpt.next, 0
         if (ckpt.id, offset) <= (self._ckpt.id, self._offset):
             return
         self._move(ckpt, offset)
