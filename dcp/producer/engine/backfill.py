@@ -175,7 +175,7 @@ class BackfillScan:
                         segs.append(others)
                     it = decode_item(vb, raw)
                     others.append(it)
-                    # the stream counts an item out as this (active_stream._write_items)
+                    # the stream counts an item out as this (stream_frames.write_items)
                     nbytes += 55 + len(it.key) + len(it.value)
                 if not first:
                     first = seqno

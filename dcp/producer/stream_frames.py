@@ -1,0 +1,193 @@
+"""The per-frame hot paths of ``ActiveStream``, kept in their own file.
+
+Rules of this module:
+- ``FrameWriter`` is a mixin of ``ActiveStream`` only: its methods read and move the
+  stream's send position (``_cur``, ``_cur_i``) and counters exactly as ``fill`` expects
+  (active_stream.py's rules apply). Nothing here awaits or touches a socket.
+- ``write_run`` copies runs of ready frames (the checkpoint's wire log, or a disk
+  backfill's frames, which already carry this stream's opaque); ``write_items`` encodes
+  ``Item``s (a 24-byte header in front of a stored body where there is one); both stop
+  at the batch size or the flow-control window, the last frame may overshoot.
+- Disk bytes are counted out (``_backfill_sent``) exactly as ``push_backfill_*`` charged
+  them, or a backfill would keep its connection's slot forever (tasks.run_backfill).
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_left
+from collections.abc import Callable
+from typing import Any
+
+from ..protocol import codec
+from ..protocol.opcodes import Opcode
+from .engine.checkpoint import WireRun
+
+__all__ = ["FrameWriter", "cut_segments"]
+
+_HDR = struct.Struct(">BBHBBHIIQ").pack
+_MUT = Opcode.DCP_MUTATION
+_EXP = Opcode.DCP_EXPIRATION
+
+
+class FrameWriter:
+    """Frame output of a stream (see the module rules)."""
+
+    __slots__ = ()
+    # provided by ActiveStream
+    _cur: Any
+    _cur_i: int
+    _opaque_bytes: bytes
+    backfill_bytes: int
+    bytes_sent: int
+    items_sent: int
+    last_sent_seqno: int
+    opaque: int
+    options: Any
+    vbid: int
+    _backfill_sent: Callable[[int], None]
+
+    def write_items(self, buf: bytearray, buffer_log: Any, max_bytes: int) -> None:
+        """The hot path: encode items of the current snapshot. Mutations use the body the
+        engine encoded once; only the 24-byte header is packed per stream."""
+        items = self._cur
+        assert items is not None
+        i = self._cur_i
+        n = len(items)
+        hdr = _HDR
+        vb = self.vbid
+        opaque = self.opaque
+        opts = self.options
+        fast = not opts.no_value
+        window = buffer_log.window or (1 << 62)
+        outstanding = buffer_log.outstanding
+        start_len = len(buf)
+        sent_bytes = 0
+        last = self.last_sent_seqno
+        while i < n:
+            it = items[i]
+            op = it.op
+            if op == _MUT and fast and it.body:
+                body = it.body
+                kl = len(it.key)
+                frame_len = 24 + len(body)
+                buf += hdr(0x80, _MUT, kl, 31, it.datatype, vb, len(body), opaque, it.cas)
+                buf += body
+            else:
+                frame = self.encode_other(it)
+                frame_len = len(frame)
+                buf += frame
+            sent_bytes += frame_len
+            outstanding += frame_len
+            last = it.seqno
+            i += 1
+            if outstanding >= window or len(buf) >= max_bytes:
+                break
+        if self.backfill_bytes:
+            # disk items are counted as they were charged (push_backfill_*), not by the
+            # size of the frames this stream's options gave them
+            self._backfill_sent(sum(55 + len(it.key) + len(it.value)
+                                    for it in items[self._cur_i:i]))
+        self.items_sent += i - self._cur_i
+        self._cur_i = i
+        self.last_sent_seqno = last
+        self.bytes_sent += len(buf) - start_len
+        buffer_log.record(sent_bytes)
+        if i >= n:
+            self._cur = None
+
+    def write_run(self, buf: bytearray, buffer_log: Any, max_bytes: int) -> None:
+        """The hot path: copy frames of a wire run, as many as the batch and the window
+        allow (the last one may overshoot, as with items), patching in our opaque."""
+        run = self._cur
+        assert run is not None and run.__class__ is WireRun
+        i = self._cur_i
+        starts = run.starts
+        k = len(starts)
+        room = max_bytes - len(buf)
+        window = buffer_log.window
+        if window:
+            w = window - buffer_log.outstanding
+            if w < room:
+                room = w
+        b0 = starts[i]
+        # frames [i, j): the last one is the first whose end reaches ``room`` bytes
+        j = bisect_left(starts, b0 + room, i + 1, k) if room < run.end - b0 else k
+        b1 = starts[j] if j < k else run.end
+        ob = self._opaque_bytes
+        wire = run.wire
+        ckpt = run.ckpt
+        if ckpt is None:  # read from disk for this stream: frames are ready as they are
+            buf += wire[b0:b1]
+            if self.backfill_bytes:
+                self._backfill_sent(b1 - b0)
+        elif ckpt.wire is wire and (ckpt.stamp_opaque == ob or ckpt.stamp_from == ckpt.stamp_upto):
+            # our opaque is (or becomes) the one stamped in the wire: see checkpoint.py
+            lo = ckpt.stamp_from
+            hi = ckpt.stamp_upto
+            if lo <= b0 and b1 <= hi:
+                buf += wire[b0:b1]  # stamped already: a plain copy
+            else:
+                if lo == hi or b0 > hi or b1 < lo:  # disjoint: (re)start the stamped range
+                    lo = hi = b0
+                p0 = len(buf)
+                buf += wire[b0:b1]  # a sequential read first: the patches below hit cache
+                for st in starts[i:j]:
+                    if st < lo or st >= hi:
+                        wire[st + 12:st + 16] = ob
+                with memoryview(wire) as mv:
+                    buf[p0:] = mv[b0:b1]
+                ckpt.stamp_opaque = ob
+                ckpt.stamp_from = min(lo, b0)
+                ckpt.stamp_upto = max(hi, b1)
+        else:
+            base = len(buf) - b0 + 12
+            buf += wire[b0:b1]
+            for st in starts[i:j]:
+                p = base + st
+                buf[p:p + 4] = ob
+        nbytes = b1 - b0
+        self.items_sent += j - i
+        self.bytes_sent += nbytes
+        buffer_log.record(nbytes)
+        self.last_sent_seqno = run.seqno(j - 1)
+        if j >= k:
+            self._cur = None
+        else:
+            self._cur_i = j
+
+    def encode_other(self, it: Any) -> bytes:
+        """A frame for an item that has none ready: deletions, expirations, and mutations
+        of streams that strip values (their frames depend on the stream's options)."""
+        opts = self.options
+        op = it.op
+        if op == _MUT:
+            if not opts.no_value:  # a queued mutation (its frame lives in the wire log)
+                return codec.mutation(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,
+                                      it.value, cas=it.cas, datatype=it.datatype,
+                                      flags=it.flags, expiry=it.expiry)
+            return codec.mutation(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key, b"",
+                                  cas=it.cas,
+                                  datatype=it.datatype if opts.keep_datatype else 0,
+                                  flags=it.flags, expiry=it.expiry)
+        if op == _EXP and opts.expiry_opcode and opts.include_delete_times:
+            return codec.expiration(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,
+                                    cas=it.cas, delete_time=it.delete_time)
+        return codec.deletion(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,
+                              cas=it.cas,
+                              delete_time=it.delete_time if opts.include_delete_times else None)
+
+
+def cut_segments(segs: list, skip: int, end: int) -> list:
+    """The parts of ``segs`` (wire runs and items, seqno order) with skip < seqno <= end."""
+    out: list = []
+    for seg in segs:
+        if seg.__class__ is WireRun:
+            n = len(seg)
+            lo = seg.count_upto(skip) if seg.seqno(0) <= skip else 0
+            hi = seg.count_upto(end) if seg.seqno(n - 1) > end else n
+            if lo < hi:
+                out.append(seg if lo == 0 and hi == n else seg.cut(lo, hi))
+        elif skip < seg.seqno <= end:
+            out.append(seg)
+    return out
