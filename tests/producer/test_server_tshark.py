@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from dcp.producer.tasks import compact_now
 from dcp.protocol import DcpOpenFlag, HelloFeature, Opcode, codec
 
 from .conftest import client_of, running_server
@@ -69,7 +70,8 @@ def capture(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> None:
-    async with running_server(tmp_path / "d", checkpoint_max_items=5) as server:
+    async with running_server(tmp_path / "d", checkpoint_max_items=5,
+                              checkpoint_retain_seconds=0, tombstone_purge_age=0) as server:
         pcap = capture(server.port)
         async with client_of(server) as c:
             await c.hello([HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO])
@@ -93,6 +95,19 @@ async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> 
             op = next(c.opaques)
             await c.call(codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=1, opaque=op), op)
             await c.stats("vbucket-seqno 1")
+        async with client_of(server) as c:  # a disk snapshot ending in a purged tombstone
+            k3 = keys_for_vb(3, 3, 4)
+            await c.set_many([(k, b"x") for k in k3])
+            await c.delete(k3[0])
+            await server.flush_all()
+            server.bucket.vbucket(3).checkpoints.create_checkpoint()
+            await server.flush_all()
+            await trio.sleep(0.01)
+            assert await compact_now(server) >= 1
+            await c.dcp_open("tshark-adv", DcpOpenFlag.PRODUCER)
+            await c.control("send_seqno_advanced", "true")
+            await c.stream_req(3)
+            await c.read_stream_until(lambda f: f.opcode == Opcode.DCP_SEQNO_ADVANCED)
         await trio.sleep(0.3)
     d = ["-d", f"tcp.port=={server.port},couchbase"]
     await trio.to_thread.run_sync(time.sleep, 0.6)
@@ -112,7 +127,8 @@ async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> 
     for op in (Opcode.DCP_OPEN, Opcode.DCP_CONTROL, Opcode.DCP_STREAM_REQ,
                Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_MUTATION, Opcode.DCP_DELETION,
                Opcode.DCP_STREAM_END, Opcode.DCP_BUFFER_ACK, Opcode.DCP_NOOP, Opcode.SET,
-               Opcode.STAT, Opcode.HELLO, Opcode.DCP_GET_FAILOVER_LOG):
+               Opcode.STAT, Opcode.HELLO, Opcode.DCP_GET_FAILOVER_LOG,
+               Opcode.DCP_SEQNO_ADVANCED):
         assert op in opcodes, f"opcode 0x{op:02x} missing from the capture"
     seqnos = {int(x) for line in fields.splitlines() if "\t" in line
               for x in line.split("\t")[1].split(",") if x}
