@@ -11,11 +11,9 @@ Rules of this module:
   (magic 0x08) and a durability frame info of level PERSIST_TO_MAJORITY: the server
   answers only once the write is persisted. Otherwise a write is acknowledged once it
   is in the server's memory.
-- Requests are encoded once with opaque 0 (``_Op.frame``) and the opaque of each attempt
-  is patched into the send buffer, so a retry re-sends the same bytes. The reader
-  matches answers by opaque straight from the received bytes; a successful mutation
-  answer (the bulk of pipelined writes) becomes a ``(cas, vb_uuid, seqno)`` tuple, any
-  other answer a ``Frame``.
+- Requests are encoded once with opaque 0 (``Op.frame``) and the opaque of each attempt
+  is patched into the send buffer, so a retry re-sends the same bytes. The connection
+  (``kv_connection.py``) matches answers by opaque straight from the received bytes.
 - Errors: bad arguments raise ``UsageError`` at once. NOT_MY_VBUCKET/ETMPFAIL/EBUSY/
   ENOMEM answers are retried with backoff until ``timeout``. A lost connection is
   reopened; GET and SET (same key, same value: safe to repeat) are then re-sent, while
@@ -36,9 +34,9 @@ from typing import Any
 import trio
 
 from dcp.protocol import codec
-from dcp.protocol.errors import RemoteProtocolError, for_status
-from dcp.protocol.frames import DEFAULT_MAX_BODY_SIZE, Frame
-from dcp.protocol.opcodes import Datatype, DurabilityLevel, HelloFeature, Magic, Opcode, Status
+from dcp.protocol.errors import for_status
+from dcp.protocol.frames import Frame
+from dcp.protocol.opcodes import Datatype, DurabilityLevel, HelloFeature, Opcode, Status
 
 from .errors import (
     BatchWriteError,
@@ -47,6 +45,7 @@ from .errors import (
     RetryTimeoutError,
     UsageError,
 )
+from .kv_connection import KvConnection, Op
 from .structs import GetResult, MutationResult
 
 __all__ = ["KvClient"]
@@ -55,134 +54,9 @@ Connector = Callable[[], Awaitable[trio.abc.Stream]]
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 KV_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO,
                HelloFeature.ALT_REQUEST_SUPPORT, HelloFeature.SYNC_REPLICATION]
-_HDR = struct.Struct(">BBHBBHIIQ").unpack_from
 _STORE_HEAD = struct.Struct(">BBHBBHIIQII").pack  # request header + flags, expiry
-_SEQNO = struct.Struct(">QQ").unpack_from  # MUTATION_SEQNO extras: vb_uuid, seqno
-_put_opaque = struct.Struct(">I").pack_into
-_KNOWN_MAGIC = frozenset(int(m) for m in Magic)
-_ALT_MAGIC = frozenset((int(Magic.ALT_REQUEST), int(Magic.ALT_RESPONSE)))
 _SET = int(Opcode.SET)
 _crc32 = zlib.crc32
-
-
-class _Op:
-    __slots__ = ("frame", "key", "opcode", "safe_to_repeat", "vbucket")
-
-    def __init__(self, opcode: int, key: bytes, vbucket: int, frame: bytes,
-                 safe_to_repeat: bool) -> None:
-        self.opcode = opcode
-        self.key = key
-        self.vbucket = vbucket
-        self.frame = frame  # the encoded request, opaque 0 (patched per attempt)
-        self.safe_to_repeat = safe_to_repeat
-
-
-class _Batch:
-    __slots__ = ("event", "frames", "others", "remaining")
-
-    def __init__(self, n: int) -> None:
-        self.frames: list[Frame | None] = [None] * n
-        self.remaining = n
-        self.others = 0  # answers that are not a successful write's tuple
-        self.event = trio.Event()
-
-
-class _KvConnection:
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.lock = trio.StrictFIFOLock()
-        self.waiting: dict[int, tuple[_Batch, int]] = {}
-        self.opaque = 0
-        self.error: BaseException | None = None
-        self.features: set[int] = set()
-        self.closed = trio.Event()
-
-    async def read_loop(self) -> None:
-        try:
-            pending = b""
-            waiting = self.waiting
-            while True:
-                data = await self.stream.receive_some(256 * 1024)
-                if not data:
-                    raise ConnectionLostError("the server closed the connection")
-                buf = pending + data if pending else bytes(data)
-                n = len(buf)
-                pos = 0
-                while n - pos >= 24:
-                    magic, op, kl, el, dt, status, body, opq, cas = _HDR(buf, pos)
-                    if magic in _ALT_MAGIC:
-                        fel = kl >> 8
-                        kl &= 0xFF
-                    elif magic in _KNOWN_MAGIC:
-                        fel = 0
-                    else:
-                        raise RemoteProtocolError(f"bad magic 0x{magic:02x}")
-                    if body > DEFAULT_MAX_BODY_SIZE or fel + el + kl > body:
-                        raise RemoteProtocolError(f"bad lengths in an answer to 0x{op:02x}")
-                    end = pos + 24 + body
-                    if end > n:
-                        break
-                    entry = waiting.pop(opq, None)
-                    if entry is not None:
-                        batch, idx = entry
-                        if status == 0 and magic == 0x81 and body == el == 16:
-                            res: Any = (cas, *_SEQNO(buf, pos + 24))
-                        elif status == 0 and magic == 0x81 and body == 0:
-                            res = (cas, None, None)
-                        else:
-                            a = pos + 24
-                            b = a + fel
-                            c = b + el
-                            d = c + kl
-                            res = Frame(magic, op, dt, status, opq, cas, buf[a:b], buf[b:c],
-                                        buf[c:d], buf[d:end])
-                            batch.others += 1
-                        batch.frames[idx] = res
-                        batch.remaining -= 1
-                        if batch.remaining == 0:
-                            batch.event.set()
-                    pos = end
-                pending = buf[pos:] if pos < n else b""
-        except Exception as exc:
-            self.fail(exc if isinstance(exc, ConnectionLostError)
-                      else ConnectionLostError(f"connection failed: {exc!r}"))
-        finally:
-            await trio.aclose_forcefully(self.stream)
-
-    def fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-        for batch, _ in self.waiting.values():
-            batch.event.set()
-        self.waiting.clear()
-        self.closed.set()
-
-    async def roundtrip(self, ops: list[_Op]) -> list[Frame | None]:
-        """One write for all ``ops``; their responses (None where the connection died)."""
-        return (await self.roundtrip_batch(ops)).frames
-
-    async def roundtrip_batch(self, ops: list[_Op]) -> _Batch:
-        """``roundtrip``, returning the whole ``_Batch`` (its answers and their counts)."""
-        if self.error is not None:
-            raise self.error
-        batch = _Batch(len(ops))
-        buf = bytearray()
-        waiting = self.waiting
-        opaque = self.opaque
-        for i, op in enumerate(ops):
-            opaque = (opaque + 1) & 0xFFFFFFFF or 1
-            waiting[opaque] = (batch, i)
-            p = len(buf)
-            buf += op.frame
-            _put_opaque(buf, p + 12, opaque)
-        self.opaque = opaque
-        try:
-            async with self.lock:
-                await self.stream.send_all(buf)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-            self.fail(ConnectionLostError(f"send failed: {exc!r}"))
-        await batch.event.wait()
-        return batch
 
 
 def _key(key: str | bytes) -> bytes:
@@ -229,7 +103,7 @@ class KvClient:
         self.num_vbuckets = num_vbuckets
         self.timeout = timeout
         self._agent = agent
-        self._conn: _KvConnection | None = None
+        self._conn: KvConnection | None = None
         self._connect_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
@@ -286,7 +160,7 @@ class KvClient:
     def vbucket_for(self, key: str | bytes) -> int:
         return codec.vbucket_for_key(_key(key), self.num_vbuckets)
 
-    async def _connection(self) -> _KvConnection:
+    async def _connection(self) -> KvConnection:
         if self._state != "running":
             raise ClientClosedError("use the client inside `async with`, before it is closed")
         conn = self._conn
@@ -297,10 +171,10 @@ class KvClient:
             if conn is not None and conn.error is None:
                 return conn
             stream = await self._connector()
-            conn = _KvConnection(stream)
+            conn = KvConnection(stream)
             assert self._nursery is not None
             self._nursery.start_soon(conn.read_loop)
-            (f,) = await conn.roundtrip([_Op(Opcode.HELLO, b"", 0, codec.hello(
+            (f,) = await conn.roundtrip([Op(Opcode.HELLO, b"", 0, codec.hello(
                 self._agent, [int(x) for x in KV_FEATURES]), True)])
             if f is None:
                 raise conn.error or ConnectionLostError("HELLO got no answer")
@@ -313,7 +187,7 @@ class KvClient:
 
     # ------------------------------------------------------------------ execution
 
-    async def _execute(self, ops: list[_Op]) -> list[Frame | BaseException]:
+    async def _execute(self, ops: list[Op]) -> list[Frame | BaseException]:
         """Run ``ops`` pipelined, retrying what is retriable until ``timeout``."""
         results: list[Frame | BaseException | None] = [None] * len(ops)
         pending = list(range(len(ops)))
@@ -369,17 +243,17 @@ class KvClient:
         return results  # type: ignore[return-value]
 
     def _store_op(self, opcode: int, key: str | bytes, value: Any, flags: int, expiry: int,
-                  cas: int, durable: bool) -> _Op:
+                  cas: int, durable: bool) -> Op:
         k = _key(key)
         v, dt = _value(value)
         vb = codec.vbucket_for_key(k, self.num_vbuckets)
         extras = codec.store_extras(flags, expiry)
         fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
-        return _Op(opcode, k, vb, codec.request(
+        return Op(opcode, k, vb, codec.request(
             opcode, vbucket=vb, cas=cas, datatype=dt, extras=extras, key=k, value=v,
             framing_extras=fe), opcode == Opcode.SET and cas == 0)
 
-    def _set_ops(self, pairs: Iterable[tuple[Any, Any]], flags: int, expiry: int) -> list[_Op]:
+    def _set_ops(self, pairs: Iterable[tuple[Any, Any]], flags: int, expiry: int) -> list[Op]:
         """Plain SETs (no CAS, not durable) for ``set_many``: ``_store_op`` inlined."""
         codec.store_extras(flags, expiry)  # range check once
         mask = self.num_vbuckets - 1
@@ -395,19 +269,19 @@ class KvClient:
                 v, dt = _value(value)
             vb = ((_crc32(k) >> 16) & 0x7FFF) & mask
             kl = len(k)
-            append(_Op(_SET, k, vb, head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0,
+            append(Op(_SET, k, vb, head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0,
                                          flags, expiry) + k + v, True))
         return ops
 
-    def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> _Op:
+    def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> Op:
         k = _key(key)
         vb = codec.vbucket_for_key(k, self.num_vbuckets)
         fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
-        return _Op(Opcode.DELETE, k, vb, codec.request(
+        return Op(Opcode.DELETE, k, vb, codec.request(
             Opcode.DELETE, vbucket=vb, cas=cas, key=k, framing_extras=fe), False)
 
     @staticmethod
-    def _mutation_result(op: _Op, r: Frame | BaseException) -> MutationResult | BaseException:
+    def _mutation_result(op: Op, r: Frame | BaseException) -> MutationResult | BaseException:
         if type(r) is tuple:
             if r[1] is None:
                 return MutationResult(op.key, op.vbucket, r[0])
@@ -421,7 +295,7 @@ class KvClient:
             return MutationResult(op.key, op.vbucket, r.cas)
         return MutationResult(op.key, op.vbucket, r.cas, ms[0], ms[1])
 
-    async def _one_write(self, op: _Op) -> MutationResult:
+    async def _one_write(self, op: Op) -> MutationResult:
         (r,) = await self._execute([op])
         res = self._mutation_result(op, r)
         if isinstance(res, BaseException):
@@ -465,7 +339,7 @@ class KvClient:
         for key in keys:
             k = _key(key)
             vb = codec.vbucket_for_key(k, self.num_vbuckets)
-            ops.append(_Op(Opcode.GET, k, vb, _get_request(vb, k), True))
+            ops.append(Op(Opcode.GET, k, vb, _get_request(vb, k), True))
         out: dict[bytes, GetResult] = {}
         for op, r in zip(ops, await self._execute(ops), strict=True):
             if isinstance(r, BaseException):
@@ -502,7 +376,7 @@ class KvClient:
         """Delete many keys in one pipelined batch (see ``set_many`` for errors)."""
         return await self._write_many([self._delete_op(k, 0, durable) for k in keys])
 
-    async def _write_many(self, ops: list[_Op]) -> list[MutationResult]:
+    async def _write_many(self, ops: list[Op]) -> list[MutationResult]:
         if not ops:
             return []
         results = [self._mutation_result(op, r)
