@@ -48,6 +48,18 @@ class ServerConfig:
     idle_timeout: float = 360.0
     #: Max bytes queued for one connection before the server stops reading its requests.
     connection_output_cap: int = 16 * 1024 * 1024
+    #: Server-wide bound on output queued for all connections together; past it the
+    #: connections holding the most unsent output are disconnected, worst first.
+    total_output_cap: int = 512 * 1024 * 1024
+    #: Most client connections served at once; further connects are refused (counted).
+    max_connections: int = 4096
+    #: Close a connection with no stream from which nothing was read for this long.
+    kv_idle_timeout: float = 900.0
+    #: A frame whose first byte arrived must be whole within this many seconds.
+    partial_frame_timeout: float = 30.0
+    #: Durable writes whose frame carries no timeout wait at most this long, then get
+    #: SYNC_WRITE_AMBIGUOUS (ETMPFAIL without extended errors).
+    durability_timeout: float = 30.0
     #: Bytes one write to a socket may carry (batching target).
     send_batch_bytes: int = 256 * 1024
     flush_batch_items: int = 50_000
@@ -74,7 +86,8 @@ class ServerConfig:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
         for name in ("checkpoint_memory_quota", "max_item_size", "map_size", "send_batch_bytes",
                      "flush_batch_items", "checkpoint_max_items", "connection_output_cap",
-                     "backfill_buffer_bytes", "max_concurrent_backfills"):
+                     "backfill_buffer_bytes", "max_concurrent_backfills", "total_output_cap",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
         for name in ("history_seconds", "history_bytes", "tombstone_purge_age",
@@ -82,7 +95,8 @@ class ServerConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
         for name in ("noop_interval", "idle_timeout", "expiry_interval", "compaction_interval",
-                     "gil_switch_interval"):
+                     "gil_switch_interval", "kv_idle_timeout", "partial_frame_timeout",
+                     "durability_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
