@@ -122,7 +122,7 @@ class DcpServer:
                     self.port = listeners[0].socket.getsockname()[1]
                     conns.start_soon(self._accept, listeners, conns)
                     log.info("listening host=%s port=%d data_dir=%s vbuckets=%d",
-                             self.config.host, self.port, self.config.data_dir,
+                             self.config.host, self.port, Path(self.config.data_dir).resolve(),
                              self.bucket.num_vbuckets)
                     task_status.started(self)
                     await self._shutdown.wait()
