@@ -1,7 +1,7 @@
 """Every chaos scenario in a short form (CI): tiny sizes, the same checks, zero tolerance.
 
 The long runs and their figures are in ``docs/reliability.md``; these run the same code
-(``tools/chaos_*.py``) with a few rounds / a few thousand frames, and fail on any
+(``tools/chaos/``) with a few rounds / a few thousand frames, and fail on any
 divergence, crash or error the report counts.
 """
 
@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from chaos_cli import FAILURE_KEYS, failed
-from chaos_crash import run_crash
-from chaos_fuzz import run_fuzz
-from chaos_slow import run_slow
-from chaos_storage import run_storage
+
+from tools.chaos.cli import FAILURE_KEYS, failed
+from tools.chaos.crash import run_crash
+from tools.chaos.fuzz import run_fuzz
+from tools.chaos.slow import run_slow
+from tools.chaos.storage import run_storage
 
 pytestmark = pytest.mark.slow
 

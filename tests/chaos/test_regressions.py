@@ -1,19 +1,19 @@
-"""Defects the reliability harness (``tools/chaos.py``) found, one test each.
+"""Defects the reliability harness (``python -m tools.chaos``) found, one test each.
 
 Each test reproduces its defect on a small scale, in-process, with the raw wire
-(``chaos_procs.RawClient``) so it fails on the server's behaviour alone. The scenario
+(``tools.chaos.procs.RawClient``) so it fails on the server's behaviour alone. The scenario
 that found it and the figures are in ``docs/reliability.md``.
 """
 
 from __future__ import annotations
 
 import trio
-from chaos_procs import RawClient
 
 from dcp.producer.engine import StorageError
 from dcp.protocol import codec
 from dcp.protocol.frames import FrameReader
 from dcp.protocol.opcodes import DcpOpenFlag, Opcode, Status
+from tools.chaos.procs import RawClient
 
 from .conftest import running_server
 

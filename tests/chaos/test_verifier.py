@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from chaos_verify import Truth, check_server_state, verify_journal
-from chaos_view import Journal, View, read_journal, uuid_of
-from chaos_writer import Attempt
-
 from dcp.protocol import codec
+from tools.chaos.verify import Truth, check_server_state, verify_journal
+from tools.chaos.view import Journal, View, read_journal, uuid_of
+from tools.chaos.writer import Attempt
 
 NV = 4
 U1, U2 = 111, 222

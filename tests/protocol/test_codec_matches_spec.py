@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from dcp.protocol import codec, spec
 from dcp.protocol.errors import RemoteProtocolError
 from dcp.protocol.frames import HEADER, encode_frame
+from tools.strategies import KINDS, u8, u16, u32, u64, untyped_frames
 
 from . import fastcodec
-from .strategies import KINDS, u8, u16, u32, u64, untyped_frames
 
 SETTINGS = settings(max_examples=80, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from dcp.protocol import codec
 from dcp.protocol.errors import RemoteProtocolError
 from dcp.protocol.frames import HEADER, HEADER_SIZE, FrameReader, encode_frame
+from tools.strategies import KINDS
 
 from . import fastcodec
-from .strategies import KINDS
 
 SMALL_LIMIT = 512
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from dcp.protocol import spec
+from tools import vectors as gen_vectors
 
 from . import fastcodec
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = sorted((ROOT / "protocol_spec" / "vectors").glob("*.json"))
-
-
-def _load_generator():
-    path = ROOT / "tools" / "gen_vectors.py"
-    module_spec = importlib.util.spec_from_file_location("gen_vectors", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-gen_vectors = _load_generator()
 
 
 def _load(path: Path) -> tuple[bytes, dict]:
@@ -61,9 +50,9 @@ def test_vector_fields_encode_to_its_exact_bytes_in_both_codecs(path):
 def test_checked_in_vectors_are_what_the_generator_writes_now():
     generated = gen_vectors.render_all()
     on_disk = {p.name: p.read_text() for p in VECTORS}
-    assert sorted(on_disk) == sorted(generated), "run: python tools/gen_vectors.py"
+    assert sorted(on_disk) == sorted(generated), "run: python -m tools.vectors"
     for name, text in generated.items():
-        assert on_disk[name] == text, f"{name} drifted; run: python tools/gen_vectors.py"
+        assert on_disk[name] == text, f"{name} drifted; run: python -m tools.vectors"
 
 
 def test_generator_output_is_deterministic():

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench_procs import (
+from .procs import (
     MiB,
     OurServer,
     Profiler,

@@ -1,8 +1,8 @@
 """Generate the golden vectors in protocol_spec/vectors/ from the construct spec.
 
 Usage:
-    python tools/gen_vectors.py            # (re)write protocol_spec/vectors/*.json
-    python tools/gen_vectors.py --check    # exit 1 if the checked-in files differ
+    python -m tools.vectors            # (re)write protocol_spec/vectors/*.json
+    python -m tools.vectors --check    # exit 1 if the checked-in files differ
 
 Rules of this tool:
 - Only ``dcp.protocol.spec`` builds and decodes here; the fast codec is checked against
@@ -23,12 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
-
-from dcp.protocol import spec  # noqa: E402
-from dcp.protocol.opcodes import (  # noqa: E402
+from dcp.protocol import spec
+from dcp.protocol.opcodes import (
     SEQNO_MAX,
     Datatype,
     DcpOpenFlag,
@@ -44,6 +40,7 @@ from dcp.protocol.opcodes import (  # noqa: E402
     VBucketState,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 VECTORS_DIR = ROOT / "protocol_spec" / "vectors"
 C2S, S2C = "client->server", "server->client"
 
@@ -265,7 +262,8 @@ def render_all() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.vectors",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare, do not write")
     ap.add_argument("--out", type=Path, default=VECTORS_DIR)
     args = ap.parse_args(argv)

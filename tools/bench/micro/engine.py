@@ -1,8 +1,8 @@
 """Benchmark of the engine's hot paths: ingest (with dedup), flush to LMDB, disk backfill.
 
 Usage:
-    python tools/bench_engine.py                 # 1 M items, 1024 vbuckets
-    python tools/bench_engine.py --items 20000   # a CI-sized run (seconds)
+    python -m tools.bench.micro.engine                 # 1 M items, 1024 vbuckets
+    python -m tools.bench.micro.engine --items 20000   # a CI-sized run (seconds)
 
 Phases (each timed on its own, one core):
   ingest    Bucket.set of N items (100-byte values) over N * key_ratio distinct keys, so
@@ -27,19 +27,17 @@ import itertools
 import json
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcp.producer.engine import Bucket, EngineConfig
 from dcp.protocol.codec import vbucket_for_key
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.micro.engine",
+                                description=__doc__.split("\n")[0])
     p.add_argument("--items", type=int, default=1_000_000)
     p.add_argument("--vbuckets", type=int, default=1024)
     p.add_argument("--key-ratio", type=float, default=0.5,

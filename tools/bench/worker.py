@@ -1,6 +1,6 @@
-"""Client side of the benchmark: one role per process, driven by ``bench.py``.
+"""Client side of the benchmark: one role per process, driven by ``python -m tools.bench``.
 
-Run as ``bench_worker.py ROLE '{json params}'``. A worker prints JSON lines
+Run as ``python tools/bench/worker.py ROLE '{json params}'``. A worker prints JSON lines
 (``{"event": "ready"|"registered"|"result"|"error", ...}``) on stdout and reads commands
 (``{"cmd": "go"|"resume"}``) from stdin. Timing, CPU (``process_time``) and peak RSS
 are measured here, around the measured phase only.

@@ -2,7 +2,7 @@
 server, while a healthy SDK consumer streams alongside and a writer writes.
 
 Rules of this module:
-- Frames come from ``chaos_frames.FrameFactory``: the project's hypothesis strategies
+- Frames come from ``frames.FrameFactory``: the project's hypothesis strategies
   built with the construct spec, hand-written templates for every opcode the server
   handles, and their in-sync or breaking mutations. Several connections fuzz at once.
 - An episode = one connection: an optional valid prelude (HELLO, DCP_OPEN, controls),
@@ -26,15 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from chaos_frames import FrameFactory, hypothesis_corpus
-from chaos_procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
-from chaos_verify import Truth, check_server_state, verify_journal
-from chaos_writer import Writer, keys_per_vbucket
 
 from dcp.consumer import DcpClient, Deletion, Expiration, MemoryOffsetStore, Mutation
 from dcp.protocol import codec
 from dcp.protocol.frames import FrameReader
 from dcp.protocol.opcodes import DcpOpenFlag, Opcode
+
+from .frames import FrameFactory, hypothesis_corpus
+from .procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
+from .verify import Truth, check_server_state, verify_journal
+from .writer import Writer, keys_per_vbucket
 
 __all__ = ["run_fuzz"]
 

@@ -1,7 +1,8 @@
-"""``tools/bench.py`` keeps working: every scenario at a tiny size, output structure checked.
+"""``python -m tools.bench`` keeps working: every scenario at a tiny size, output structure
+checked.
 
-One run of ``bench.py all --tiny --json`` (about 10-20 s) feeds every test here. Nothing is
-asserted about speed (CI machines are small and noisy); only that each scenario ran, that
+One run of ``python -m tools.bench all --tiny --json`` (about 10-20 s) feeds every test here.
+Nothing is asserted about speed (CI machines are small and noisy); only that each scenario ran, that
 what the consumers received equals what was written, and that the JSON has the keys the
 docs and plots read. The Redis half runs when ``redis-server`` and the ``redis`` package
 are installed, and is skipped cleanly otherwise.
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "tools" / "bench.py"
+BENCH = [sys.executable, "-m", "tools.bench"]  # run from ROOT: ``-m`` finds ``tools`` there
 SCENARIOS = ["ceiling", "stream-memory", "stream-disk", "ingest", "fanout", "latency",
              "slow-consumer"]
 SUMMARY_KEYS = {"runs", "median", "min", "max", "server_cpu_s", "client_cpu_s",
@@ -41,7 +42,7 @@ def _redis_missing() -> str | None:
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
-    cmd = [sys.executable, str(BENCH), "all", "--tiny", "--json", "--no-install",
+    cmd = [*BENCH, "all", "--tiny", "--json", "--no-install",
            "--output", str(out)]
     if _redis_missing():
         cmd.append("--no-peer")
@@ -53,8 +54,8 @@ def doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_document_has_the_machine_the_command_and_every_scenario(doc: dict[str, Any]) -> None:
-    assert doc["tool"] == "tools/bench.py"
-    assert "bench.py all --tiny" in doc["command"]
+    assert doc["tool"] == "tools.bench"
+    assert "-m tools.bench all --tiny" in doc["command"]
     assert {"cpu", "cores", "memory_gib", "python"} <= set(doc["machine"])
     assert list(doc["results"]) == SCENARIOS
 
@@ -115,13 +116,13 @@ def test_saved_results_render_as_table_markdown_and_plot(doc: dict[str, Any],
                                                          tmp_path: Path) -> None:
     src = tmp_path / "r.json"
     src.write_text(json.dumps(doc))
-    md = subprocess.run([sys.executable, str(BENCH), "table", str(src), "--markdown"],
+    md = subprocess.run([*BENCH, "table", str(src), "--markdown"],
                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert md.returncode == 0, md.stderr
     assert md.stdout.count("\n| stream-memory |") == 1
     pytest.importorskip("matplotlib")
     png = tmp_path / "plot.png"
-    p = subprocess.run([sys.executable, str(BENCH), "plot", str(src), str(png)], cwd=ROOT,
+    p = subprocess.run([*BENCH, "plot", str(src), str(png)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

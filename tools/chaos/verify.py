@@ -26,10 +26,10 @@ import bisect
 from collections.abc import Iterable
 from typing import Any
 
-from chaos_view import View, uuid_of
-from chaos_writer import Attempt, decode_value
-
 from dcp.protocol import codec
+
+from .view import View, uuid_of
+from .writer import Attempt, decode_value
 
 __all__ = ["Truth", "check_server_state", "verify_journal"]
 

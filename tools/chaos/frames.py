@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import random
 import struct
-import sys
-from pathlib import Path
 
 from dcp.protocol import codec
 from dcp.protocol.opcodes import DcpOpenFlag, Opcode
 
 __all__ = ["FrameFactory", "hypothesis_corpus"]
 
-REPO = Path(__file__).resolve().parents[1]
 _CONTROL_KEYS = ["enable_noop", "set_noop_interval", "connection_buffer_size",
                  "supports_cursor_dropping", "send_stream_end_on_client_close_stream",
                  "enable_expiry_opcode", "change_streams", "set_priority", "stream_buffer_size",
@@ -38,12 +35,11 @@ _U64 = (1 << 64) - 1
 def hypothesis_corpus(n: int, seed: int) -> list[bytes]:
     """``n`` valid frames drawn from the project's strategies (empty without hypothesis)."""
     try:
-        sys.path.insert(0, str(REPO))
         from hypothesis import HealthCheck, given, settings
         from hypothesis import strategies as st
 
         from dcp.protocol import spec
-        from tests.protocol.strategies import KINDS, untyped_frames
+        from tools.strategies import KINDS, untyped_frames
     except ImportError:
         return []
     out: list[bytes] = []

@@ -1,4 +1,4 @@
-"""Child processes and the raw wire for the reliability harness (``tools/chaos.py``):
+"""Child processes and the raw wire for the reliability harness (``python -m tools.chaos``):
 the server as a child process, a minimal memcached-binary client, STAT readers.
 
 Rules of this module:

@@ -5,7 +5,7 @@ Rules of this module:
   own PID (``stop()``), never by name. Every wait is bounded by a timeout.
 - Server CPU and memory come from psutil on the server's PID: ``cpu()`` is user+system
   seconds of all its threads, ``peak_rss()`` is the kernel's high-water mark (VmHWM).
-- Workers (``tools/bench_worker.py``) talk JSON lines: they print ``{"event": ...}``
+- Workers (``tools/bench/worker.py``) talk JSON lines: they print ``{"event": ...}``
   objects on stdout and read commands from stdin; their stderr goes to a log file.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-TOOLS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = Path(__file__).resolve().parent  # tools/bench
 PYTHON = sys.executable
 MiB = 1024 * 1024
 
@@ -291,14 +291,18 @@ class RedisServer(_Proc):
 
 
 class Worker(_Proc):
-    """``bench_worker.py ROLE PARAMS`` with a JSON-lines conversation."""
+    """``tools/bench/worker.py ROLE PARAMS`` with a JSON-lines conversation.
+
+    The worker runs as a script by path, not ``-m``: a script puts its own folder first on
+    ``sys.path`` (not the cwd), so with ``--code-root`` the ``dcp`` it imports is the other
+    checkout's, through ``PYTHONPATH``, and never this one's."""
 
     def __init__(self, role: str, params: dict[str, Any], log_dir: str) -> None:
         self.role = role
         self.log_path = os.path.join(log_dir, f"worker-{role}-{os.getpid()}-{id(self)}.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [PYTHON, str(TOOLS / "bench_worker.py"), role, json.dumps(params)],
+            [PYTHON, str(TOOLS / "worker.py"), role, json.dumps(params)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             cwd=str(ROOT), env={**os.environ,
                                 "PYTHONPATH": os.environ.get("DCP_BENCH_CODE_ROOT", str(ROOT))})

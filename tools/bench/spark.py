@@ -16,9 +16,9 @@ memory snapshots of ``--snapshot`` items) replaces the real one, so the numbers 
 the connector and Spark without the server's disk backfill (which costs the real server
 about a core-second per 500,000 items on the reference machine).
 
-    .venv/bin/python tools/bench_spark.py                # 1,000,000 rows, real server
-    .venv/bin/python tools/bench_spark.py --replay       # the same through the stand-in
-    .venv/bin/python tools/bench_spark.py --rows 20000   # CI smoke (well under a minute)
+    .venv/bin/python -m tools.bench.spark                # 1,000,000 rows, real server
+    .venv/bin/python -m tools.bench.spark --replay       # the same through the stand-in
+    .venv/bin/python -m tools.bench.spark --rows 20000   # CI smoke (well under a minute)
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -134,10 +136,10 @@ def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> No
 
 def start_replay(rows: int, vbuckets: int, value_size: int, snapshot: int
                  ) -> tuple[subprocess.Popen, int]:
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); "
-            f"import bench_spark; bench_spark.serve_replay({rows}, {vbuckets}, {value_size}, "
-            f"{snapshot})")
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    code = ("from tools.bench.spark import serve_replay; "
+            f"serve_replay({rows}, {vbuckets}, {value_size}, {snapshot})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # ``-c`` puts the cwd first: ``tools`` imports from there
     assert proc.stderr is not None
     line = proc.stderr.readline()
     m = re.search(r"port=(\d+)", line)
@@ -233,7 +235,8 @@ def stream_read(spark: Any, port: int, partitions: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.spark",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--vbuckets", type=int, default=64)

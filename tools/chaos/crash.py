@@ -12,7 +12,7 @@ Rules of this module:
 - After a graceful stop the failover log must be unchanged and every write acknowledged
   before the old process exited must still be there.
 - Every child (server, consumers) is started here and killed here, by pid.
-- The findings come from ``chaos_verify``; the report counts them as ``divergences``,
+- The findings come from ``verify.py``; the report counts them as ``divergences``,
   and tracebacks in the server's log as ``crashes``.
 """
 
@@ -29,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from chaos_procs import (
+
+from dcp.consumer import DcpClient, Deletion, Expiration, KvClient, Mutation, RollbackEvent
+
+from .procs import (
     HOST,
     HarnessError,
     ServerProcess,
@@ -39,19 +42,18 @@ from chaos_procs import (
     track,
     vb_seqnos,
 )
-from chaos_verify import Truth, check_server_state, verify_journal
-from chaos_view import read_journal
-from chaos_writer import Writer, keys_per_vbucket
-
-from dcp.consumer import DcpClient, Deletion, Expiration, KvClient, Mutation, RollbackEvent
+from .verify import Truth, check_server_state, verify_journal
+from .view import read_journal
+from .writer import Writer, keys_per_vbucket
 
 __all__ = ["ConsumerProc", "run_crash", "stream_state"]
 
-CONSUMER_PY = Path(__file__).resolve().parent / "chaos_consumer.py"
+#: The repository root: the consumer child runs ``python -m tools.chaos.consumer`` from there.
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ConsumerProc:
-    """``chaos_consumer.py`` as a child process."""
+    """``python -m tools.chaos.consumer`` as a child process."""
 
     def __init__(self, dir: Path, name: str, port: int, args: list[str] | None = None) -> None:
         self.dir = Path(dir)
@@ -66,9 +68,9 @@ class ConsumerProc:
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / "stderr.log", "ab") as log:
             self.proc = track(subprocess.Popen(
-                [sys.executable, str(CONSUMER_PY), "--port", str(self.port), "--dir",
+                [sys.executable, "-m", "tools.chaos.consumer", "--port", str(self.port), "--dir",
                  str(self.dir), "--name", self.name, *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log))
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

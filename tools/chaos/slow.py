@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from chaos_procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
 
 from dcp.consumer import DcpClient, KvClient, MemoryOffsetStore
 from dcp.protocol import codec
 from dcp.protocol.frames import FrameReader
 from dcp.protocol.opcodes import DcpOpenFlag, Opcode
+
+from .procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
 
 __all__ = ["run_slow"]
 

@@ -2,10 +2,10 @@
 
 Usage::
 
-    .venv/bin/python tools/bench_hotpath.py fill --items 1000000 --streams 1,4
-    .venv/bin/python tools/bench_hotpath.py set --items 200000
-    .venv/bin/python tools/bench_hotpath.py flush --items 200000
-    .venv/bin/python tools/bench_hotpath.py kvencode --items 200000
+    .venv/bin/python -m tools.bench.micro.hotpath fill --items 1000000 --streams 1,4
+    .venv/bin/python -m tools.bench.micro.hotpath set --items 200000
+    .venv/bin/python -m tools.bench.micro.hotpath flush --items 200000
+    .venv/bin/python -m tools.bench.micro.hotpath kvencode --items 200000
 
 fill      a bucket holds N items in its checkpoints (written in random vbucket order, as
           a KV client does); S streams per vbucket (as S consumers) encode everything
@@ -31,13 +31,10 @@ import argparse
 import gc
 import itertools
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _key(i: int) -> bytes:
@@ -234,7 +231,8 @@ def kvencode(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.bench.micro.hotpath",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["fill", "set", "flush", "kvencode"])
     p.add_argument("--items", type=int, default=200_000)
     p.add_argument("--vbuckets", type=int, default=1024)

@@ -2,20 +2,20 @@
 
 Scenarios (each bounded in time and count, loopback only, stops by itself)::
 
-    .venv/bin/python tools/chaos.py crash   [--rounds 50 --consumers 3 ...]
-    .venv/bin/python tools/chaos.py fuzz    [--frames 1000000 --connections 4 ...]
-    .venv/bin/python tools/chaos.py slow    [--seconds 20 --quota-mib 8 ...]
-    .venv/bin/python tools/chaos.py storage [--map-mib 2 ...]
-    .venv/bin/python tools/chaos.py all     (every scenario with its defaults)
+    .venv/bin/python -m tools.chaos crash   [--rounds 50 --consumers 3 ...]
+    .venv/bin/python -m tools.chaos fuzz    [--frames 1000000 --connections 4 ...]
+    .venv/bin/python -m tools.chaos slow    [--seconds 20 --quota-mib 8 ...]
+    .venv/bin/python -m tools.chaos storage [--map-mib 2 ...]
+    .venv/bin/python -m tools.chaos all     (every scenario with its defaults)
 
 Each prints a JSON report (also written to ``WORKDIR/<scenario>/report.json``) and exits
 1 when the report has divergences, crashes or errors. The scenario functions
 (``run_crash``, ``run_fuzz``, ``run_slow``, ``run_storage``) are importable for tests.
 
 Rules of this module: argument parsing and report printing only; each scenario lives in
-``tools/chaos_<scenario>.py``; shared pieces: ``chaos_procs`` (child processes, raw wire),
-``chaos_writer`` (writer and its log), ``chaos_view`` (rollback-safe view + journal),
-``chaos_verify`` (the verifier), ``chaos_frames`` (fuzz frames), ``chaos_consumer`` (the
+``tools/chaos/<scenario>.py``; shared pieces: ``procs`` (child processes, raw wire),
+``writer`` (writer and its log), ``view`` (rollback-safe view + journal),
+``verify`` (the verifier), ``frames`` (fuzz frames), ``consumer`` (the
 consumer child process). See ``docs/reliability.md`` for what each scenario proves and the figures.
 """
 
@@ -29,13 +29,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import trio
-from chaos_crash import run_crash
-from chaos_fuzz import run_fuzz
-from chaos_slow import run_slow
-from chaos_storage import run_storage
+
+from .crash import run_crash
+from .fuzz import run_fuzz
+from .slow import run_slow
+from .storage import run_storage
 
 __all__ = ["FAILURE_KEYS", "failed", "main", "run_crash", "run_fuzz", "run_slow",
            "run_storage"]
@@ -54,7 +53,7 @@ def _summary(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="chaos", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tools.chaos", description=__doc__.split("\n")[0])
     p.add_argument("--workdir", help="where data, logs and reports go (default: a temp dir)")
     p.add_argument("--seed", type=int)
     sub = p.add_subparsers(dest="scenario", required=True)
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--time-limit", type=float, default=1200.0)
     c.add_argument("--server-args", default="", help="extra dcp-server flags, one string")
     c.add_argument("--consumer-args", default="",
-                   help="extra chaos_consumer.py flags, e.g. '--buffer-size 65536'")
+                   help="extra tools.chaos.consumer flags, e.g. '--buffer-size 65536'")
     c.add_argument("--consumer-fault", default="none",
                    choices=["none", "ignore-rollback", "partial"],
                    help="harness self-test: consumers misbehave; the report must show it")

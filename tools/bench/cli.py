@@ -2,12 +2,12 @@
 
 Usage (see docs/benchmarks.md)::
 
-    .venv/bin/python tools/bench.py all                        # everything, full size
-    .venv/bin/python tools/bench.py stream-memory --reps 5     # one scenario
-    .venv/bin/python tools/bench.py all --tiny --json          # CI-sized, machine-readable
-    .venv/bin/python tools/bench.py all --output r.json --plot docs/img/benchmarks.png
-    .venv/bin/python tools/bench.py plot r.json docs/img/benchmarks.png
-    .venv/bin/python tools/bench.py setup                      # install redis-server (root)
+    .venv/bin/python -m tools.bench all                        # everything, full size
+    .venv/bin/python -m tools.bench stream-memory --reps 5     # one scenario
+    .venv/bin/python -m tools.bench all --tiny --json          # CI-sized, machine-readable
+    .venv/bin/python -m tools.bench all --output r.json --plot docs/img/benchmarks.png
+    .venv/bin/python -m tools.bench plot r.json docs/img/benchmarks.png
+    .venv/bin/python -m tools.bench setup                      # install redis-server (root)
 
 Scenarios: ceiling, stream-memory, stream-disk, ingest, fanout, latency, slow-consumer.
 Each starts its own servers on loopback ports (ours: ``dcp-server --port 0`` as a
@@ -32,12 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import bench_report
-from bench_procs import BenchError, ensure_redis
-from bench_scenarios import SCENARIOS, Ctx
+from . import report as bench_report
+from .procs import BenchError, ensure_redis
+from .scenarios import SCENARIOS, Ctx
 
 ORDER = list(SCENARIOS)
 DEFAULTS = {
@@ -94,7 +91,8 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench.py", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m tools.bench",
+                                 description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in [*ORDER, "all"]:
@@ -188,8 +186,8 @@ def run(o: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     bench_report.annotate(results)
     opts = {k: v for k, v in vars(o).items() if k not in ("json", "output", "plot")}
     return {
-        "tool": "tools/bench.py",
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "tools/bench.py",
+        "tool": "tools.bench",
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "-m", "tools.bench",
                                                       *sys.argv[1:]]),
         "started_at": started,
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -231,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = run(o, names)
     except BenchError as exc:
-        print(f"bench.py: {exc}", file=sys.stderr)
+        print(f"tools.bench: {exc}", file=sys.stderr)
         return 1
     text = json.dumps(doc, indent=1)
     if o.output:

@@ -1,8 +1,8 @@
 """Encode/decode rates of DCP_MUTATION frames: the struct codec against the construct spec.
 
 Usage:
-    python tools/bench_codec.py              # default n, about 10-20 s on a 2-core box
-    python tools/bench_codec.py --n 1000     # smoke run, about 1 s
+    python -m tools.bench.micro.codec              # default n, about 10-20 s on a 2-core box
+    python -m tools.bench.micro.codec --n 1000     # smoke run, about 1 s
 
 Frames are shaped like peers-baseline §4: 24-byte header, 31-byte extras, 16-byte key,
 83-byte value (154 bytes). "fast" encodes with ``codec.mutation`` and decodes a 64 KiB-chunked
@@ -19,17 +19,12 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
+import construct
 
-import construct  # noqa: E402
-
-from dcp.protocol import codec, spec  # noqa: E402
-from dcp.protocol.frames import FrameReader  # noqa: E402
-from dcp.protocol.opcodes import Datatype, Magic, Opcode  # noqa: E402
+from dcp.protocol import codec, spec
+from dcp.protocol.frames import FrameReader
+from dcp.protocol.opcodes import Datatype, Magic, Opcode
 
 DEFAULT_N = 100_000
 CHUNK = 64 * 1024
@@ -84,7 +79,8 @@ def construct_decode(frame: construct.Construct, frames: list[bytes]) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.bench.micro.codec",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=DEFAULT_N, help=f"frames (default {DEFAULT_N})")
     n = ap.parse_args(argv).n
     items = _items(n)

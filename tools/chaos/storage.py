@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from chaos_crash import stream_state
-from chaos_procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
 
 from dcp.consumer import DcpClient, MemoryOffsetStore, Mutation, RollbackEvent
 from dcp.protocol import codec
 from dcp.protocol.opcodes import Status
+
+from .crash import stream_state
+from .procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
 
 __all__ = ["run_storage"]
 

@@ -1,11 +1,11 @@
 """A chaos consumer: an SDK ``DcpClient`` keeping a rollback-safe materialized view.
 
-Run as a child process by ``tools/chaos.py`` (so it can be SIGKILLed)::
+Run as a child process by ``tools/chaos/crash.py`` (so it can be SIGKILLed)::
 
-    python tools/chaos_consumer.py --port P --dir D --name N [--num-vbuckets 16]
+    python -m tools.chaos.consumer --port P --dir D --name N [--num-vbuckets 16]
 
 Rules of this module (the application protocol the SDK docs ask for, made kill-safe):
-- The view's durable form is the journal ``D/journal.jsonl`` (``chaos_view``); offsets
+- The view's durable form is the journal ``D/journal.jsonl`` (``view.py``); offsets
   live in a ``FileOffsetStore`` at ``D/offsets.json``. For every group of delivered items
   the consumer applies them, appends one journal line, *then* commits to the store.
 - Killed between the two, the journal is ahead of the store. At start the view is
@@ -33,10 +33,6 @@ from typing import Any
 
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from chaos_view import Journal, View, read_journal
-
 from dcp.consumer import (
     DcpClient,
     Deletion,
@@ -45,6 +41,8 @@ from dcp.consumer import (
     Mutation,
     RollbackEvent,
 )
+
+from .view import Journal, View, read_journal
 
 
 def _write_json(path: Path, obj: Any) -> None:
