@@ -1,10 +1,9 @@
-"""End to end against the real server (``dcp.producer.server``); skipped if unavailable."""
+"""End to end against the real server (``dcp.producer.server``)."""
 
 from __future__ import annotations
 
 import contextlib
 
-import pytest
 import trio
 
 from dcp.consumer import (
@@ -16,10 +15,8 @@ from dcp.consumer import (
     RollbackEvent,
     SnapshotBatch,
 )
+from dcp.producer.server import DcpServer, ServerConfig
 from dcp.protocol import codec
-
-server_mod = pytest.importorskip("dcp.producer.server")
-DcpServer, ServerConfig = server_mod.DcpServer, server_mod.ServerConfig
 
 NUM_VB = 8
 
