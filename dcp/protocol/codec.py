@@ -17,11 +17,30 @@ from __future__ import annotations
 import functools
 import json
 import struct
-import zlib
 from dataclasses import dataclass
 
 from .errors import LocalProtocolError, RemoteProtocolError
-from .frames import HEADER, Frame, encode_frame, encode_frame_infos, parse_frame_infos
+from .frames import Frame, encode_frame, encode_frame_infos, parse_frame_infos
+from .layout import (
+    DELETION_V1_EXTRAS,
+    DELETION_V2_EXTRAS,
+    EXPIRATION_EXTRAS,
+    FAILOVER_ENTRY,
+    HDR_MUTATION,
+    HEADER,
+    MARKER_V1,
+    MARKER_V2_0,
+    MUTATION_EXTRAS,
+    MUTATION_SEQNO,
+    OPEN_EXTRAS,
+    STORE_EXTRAS,
+    STREAM_REQ_EXTRAS,
+    U16,
+    U32,
+    U64,
+    VB_SEQNO,
+    vbucket_for_key,
+)
 from .opcodes import (
     SEQNO_MAX,
     DurabilityLevel,
@@ -84,25 +103,7 @@ __all__ = [
     "vbucket_for_key",
 ]
 
-U8 = struct.Struct(">B")
-U16 = struct.Struct(">H")
-U32 = struct.Struct(">I")
-U64 = struct.Struct(">Q")
-OPEN_EXTRAS = struct.Struct(">II")  # seqno (reserved), flags
-STREAM_REQ_EXTRAS = struct.Struct(">IIQQQQQ")  # flags, reserved, start, end, uuid, ss, se
-FAILOVER_ENTRY = struct.Struct(">QQ")  # vb_uuid, seqno
-MARKER_V1 = struct.Struct(">QQI")  # start, end, flags
-MARKER_V2_0 = struct.Struct(">QQIQQ")  # start, end, flags, max visible, high completed
-MUTATION_EXTRAS = struct.Struct(">QQIIIHB")  # by, rev, flags, exp, lock, nmeta, nru
-DELETION_V1_EXTRAS = struct.Struct(">QQH")  # by, rev, nmeta
-DELETION_V2_EXTRAS = struct.Struct(">QQIB")  # by, rev, delete_time, unused
-EXPIRATION_EXTRAS = struct.Struct(">QQI")  # by, rev, delete_time
-STORE_EXTRAS = struct.Struct(">II")  # flags, expiry
-MUTATION_SEQNO = struct.Struct(">QQ")  # vb_uuid, seqno
-VB_SEQNO = struct.Struct(">HQ")
-
-# One struct for header + mutation extras: the hot path packs both in one call.
-HDR_MUTATION = struct.Struct(">BBHBBHIIQQQIIIHB")
+# The layouts live in ``layout.py``; codec's names for them stay importable from here.
 _hdr_pack = HEADER.pack
 _mut_pack = MUTATION_EXTRAS.pack
 
@@ -532,14 +533,3 @@ def parse_hello_features(value: bytes) -> list[int]:
 
 def json_value(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-
-
-def vbucket_for_key(key: bytes, num_vbuckets: int = 1024) -> int:
-    """The vbucket Couchbase clients pick for ``key`` (reference §9).
-
-    ``num_vbuckets`` must be a power of two.
-    """
-    if num_vbuckets <= 0 or num_vbuckets & (num_vbuckets - 1):
-        raise LocalProtocolError(f"num_vbuckets must be a power of two, not {num_vbuckets}")
-    return ((zlib.crc32(key) >> 16) & 0x7FFF) & (num_vbuckets - 1)
-

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 
 from .errors import LocalProtocolError, RemoteProtocolError
-from .opcodes import Magic
+from .layout import ALT_HEADER, ALT_MAGIC, HEADER, HEADER_SIZE, KNOWN_MAGIC, RESPONSE_MAGIC
 
 __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
@@ -31,18 +31,13 @@ __all__ = [
     "parse_frame_infos",
 ]
 
-HEADER = struct.Struct(">BBHBBHIIQ")
-#: Alt framing: byte 2 is the framing-extras length and byte 3 the key length.
-ALT_HEADER = struct.Struct(">BBBBBBHIIQ")
-HEADER_SIZE = 24
-_BODYLEN = struct.Struct(">I").unpack_from
 
 #: 20 MiB items plus room for key, extras and framing: the default body limit.
 DEFAULT_MAX_BODY_SIZE = 20 * 1024 * 1024 + 4096
 
-_KNOWN_MAGIC = frozenset(int(m) for m in Magic)
-_ALT_MAGIC = frozenset((Magic.ALT_REQUEST, Magic.ALT_RESPONSE))
-_RESPONSE_MAGIC = frozenset((Magic.RESPONSE, Magic.ALT_RESPONSE, Magic.SERVER_RESPONSE))
+_KNOWN_MAGIC = KNOWN_MAGIC
+_ALT_MAGIC = ALT_MAGIC
+_RESPONSE_MAGIC = RESPONSE_MAGIC
 
 
 class Frame:
