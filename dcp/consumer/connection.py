@@ -1,9 +1,11 @@
 """One DCP connection: handshake, stream requests, writes. (Reading: ``reader.py``.)
 
 Rules of this module:
-- Streams are matched by opaque; one stream per vbucket per connection. Every stream
-  request gets a new opaque, so late messages of an abandoned stream are ignored
-  (their bytes still count for flow control).
+- The wire protocol is the connection's ``ClientSession`` (``dcp.protocol.session``):
+  it builds requests, allocates opaques and decodes; this module does the I/O and the
+  SDK's choices. Streams are matched by opaque; one stream per vbucket per connection.
+  Every stream request gets a new opaque, so late messages of an abandoned stream are
+  ignored (their bytes still count for flow control).
 - Bootstrap (HELLO, DCP_OPEN, DCP_CONTROLs) is pipelined in one write; responses are
   matched by opaque by the reader task. A refused control degrades gracefully: no noop
   means no dead-connection detection, no window means no flow control.
@@ -28,11 +30,11 @@ from dcp.protocol import codec
 from dcp.protocol.errors import for_status
 from dcp.protocol.frames import Frame
 from dcp.protocol.opcodes import SEQNO_MAX, DcpOpenFlag, HelloFeature, Opcode, Status
+from dcp.protocol.session import ClientSession
 
 from .config import ConnectionConfig
 from .delivery import Delivery
 from .errors import ConnectionLostError
-from .flow_control import FlowControl
 from .positions import Session
 from .reader import StreamReader
 from .snapshot_buffer import StreamBuffer
@@ -51,7 +53,7 @@ class _Rpc:
         self.error: BaseException | None = None
 
 
-class DcpConnection(StreamReader):
+class DcpConnection:
     """A connected, (soon) handshaken DCP producer connection and its streams."""
 
     def __init__(
@@ -65,8 +67,10 @@ class DcpConnection(StreamReader):
         self._commit_fn = commit_fn
         self._retries = retries  # vb -> (first failure time, attempts), shared by connections
         self.stats = stats
-        self.fc = FlowControl(cfg.buffer_size, cfg.ack_ratio)
-        self.fc.release = self._release_held
+        self.proto = ClientSession(window=cfg.buffer_size, ack_ratio=cfg.ack_ratio,
+                                   max_body_size=cfg.max_body_size, queue_per_chunk=cfg.raw)
+        self.fc = self.proto.flow
+        self.reader = StreamReader(self)
         #: seconds of read silence before a NOOP probe (None: no dead-connection detection)
         self.probe_after: float | None = None
         self.error: BaseException | None = None
@@ -74,22 +78,16 @@ class DcpConnection(StreamReader):
         self.made_progress = False
         self._nursery: trio.Nursery | None = None
         self._send_lock = trio.StrictFIFOLock()
-        self._opaque = 0
         self._rpcs: dict[int, _Rpc] = {}
         self._streams: dict[int, StreamBuffer] = {}  # by opaque
         self._by_vb: dict[int, StreamBuffer] = {}
         self._open_heap: list[tuple[float, int]] = []
         self._opener_wake = trio.Event()
-        # per-chunk scratch, written by _slow
-        self._slow_snap = 0
-        self._uncounted = 0
-        self._replies: bytearray | None = None
 
     # ------------------------------------------------------------------ plumbing
 
     def next_opaque(self) -> int:
-        self._opaque = (self._opaque + 1) & 0xFFFFFFFF or 1
-        return self._opaque
+        return self.proto.next_opaque()
 
     async def send(self, data: bytes | bytearray) -> None:
         try:
@@ -103,7 +101,7 @@ class DcpConnection(StreamReader):
         if self.error is not None or nbytes <= 0:
             return
         try:
-            await self.send(codec.buffer_ack(nbytes))
+            await self.send(self.proto.ack(nbytes))
             self.stats["buffer_acks"] += 1
         except ConnectionLostError:
             pass
@@ -129,7 +127,7 @@ class DcpConnection(StreamReader):
     async def run(self, nursery: trio.Nursery) -> None:
         """Start the reader; the caller then handshakes and calls ``start_streams``."""
         self._nursery = nursery
-        nursery.start_soon(self.guarded, self.read_loop)
+        nursery.start_soon(self.guarded, self.reader.read_loop)
 
     async def call(self, requests: list[tuple[int, bytes]]) -> list[Frame]:
         """Send pipelined requests in one write and wait for every response (by opaque)."""
@@ -137,6 +135,7 @@ class DcpConnection(StreamReader):
         for opaque, _ in requests:
             w = _Rpc()
             self._rpcs[opaque] = w
+            self.proto.expect(opaque)
             waiters.append(w)
         await self.send(b"".join(data for _, data in requests))
         out = []
@@ -267,20 +266,13 @@ class DcpConnection(StreamReader):
                 end = start  # ask anyway: the server must tell us if our history diverged
         epoch, gen = session.next_generation(vb)
         gens[vb] = gen
-        opaque = self.next_opaque()
+        purge = session.purge_seqno(vb)
+        value = codec.json_value({"purge_seqno": str(purge)}) if purge else b""
+        opaque, data = self.proto.stream_request(
+            vb, flags=self.cfg.stream_flags, start=start, end=end, vb_uuid=uuid,
+            snap_start=ss, snap_end=se, value=value)
         st = StreamBuffer(vb, opaque, epoch, gen, end, uuid, start)
         self._streams[opaque] = st
         self._by_vb[vb] = st
         self.stats["stream_requests"] += 1
-        purge = session.purge_seqno(vb)
-        value = codec.json_value({"purge_seqno": str(purge)}) if purge else b""
-        return codec.stream_request(vb, opaque, flags=self.cfg.stream_flags, start=start,
-                                    end=end, vb_uuid=uuid, snap_start=ss, snap_end=se,
-                                    value=value)
-
-    def _release_held(self) -> int:
-        freed = 0
-        for st in self._streams.values():
-            freed += st.held
-            st.held = 0
-        return freed
+        return data

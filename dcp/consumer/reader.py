@@ -1,71 +1,62 @@
-"""The reader hot path of a DCP connection: decode each received chunk, dispatch.
+"""The reading half of a DCP connection: receive, let the protocol session decode, act.
 
 Rules of this module:
-- One reader task per connection decodes every received chunk (large ``receive_some``)
-  and dispatches on the opcode with locals bound. Data messages (mutation, deletion)
-  are decoded inline straight from the chunk into slotted events (one ``unpack_from``
-  of header + extras; the same validation rules as ``dcp.protocol.FrameReader``, which
-  costs ~2x more per item because it builds a ``Frame`` first); everything else is
-  built as a ``Frame`` and handled by ``_slow`` (the ``ControlFrames`` mixin in
-  ``control_frames.py``). A frame that breaks the protocol raises
-  ``RemoteProtocolError`` and the connection is dropped (then reopened).
-- Nothing is delivered per item: each chunk yields one list for the delivery queue
-  (complete snapshot batches, rollback events; raw mode: one ``RawChunk``) and at most
-  one write (noop replies + one buffer ack).
-- Flow-control accounting is per chunk: bytes of frames that belong to a snapshot are
-  ``held``; responses and noops are not counted; everything else is ``ackable``.
+- ``StreamReader`` is an I/O shell over the connection's ``ClientSession``
+  (``dcp.protocol.session``): one reader task per connection feeds every received chunk
+  (large ``receive_some``) to ``receive_data`` and handles the events it returns. Header
+  checks, snapshot boundaries, noop replies, stream-request answers, opaque matching and
+  flow-control accounting (with its buffer acks) are the session's; the SDK's decisions
+  are here: batches, retries, rollback policy, reopening streams. A frame that breaks
+  the protocol raises ``RemoteProtocolError`` and the connection is dropped (then
+  reopened).
+- Nothing is delivered per item: the session hands over a run of items as one
+  ``Items`` event, each chunk yields one list for the delivery queue (complete snapshot
+  batches, rollback events; raw mode: one ``RawChunk``) and at most one write (noop
+  replies + one buffer ack, from ``data_to_send``).
+- Stream-request answers: OK adopts the failover log; ROLLBACK resets the positions and
+  emits a ``RollbackEvent`` (or raises ``RollbackError`` under the fail policy);
+  NOT_MY_VBUCKET/ETMPFAIL/EBUSY/ENOMEM are retried with backoff until the retry timeout;
+  anything else is a ``StreamError``.
 - Dead connections: after one noop interval with nothing read, a plain NOOP (0x0A)
   probes the server (java-dcp-client does the same: a producer's noop timer may start
   late); after a second silent interval the connection is declared dead.
-- Runs of mutations of the snapshot being assembled (what a server sends between two
-  markers) take a shorter path: one ``unpack_from`` of header + extras per frame and the
-  per-stream counters added once per run, not per item.
 - While any connection is reading, the process's generation-0 GC threshold is raised
   (``_GcTuning``): every event is one GC-tracked object that lives until its snapshot is
   handed out, so at CPython's default (700) a collection ran every few hundred items and
   doubled the cost per item (measured with 1024 vbuckets and 1000-item snapshots: 0.56 M
   vs 0.94 M items per CPU-second). The previous threshold is restored when the last
   connection stops reading, unless the application changed it meanwhile.
-- Stream-request answers, stream ends and other rare frames: ``control_frames.py``.
-- ``StreamReader`` is the reading half of ``DcpConnection`` (a mixin): it uses the
-  connection's state and never opens anything itself.
+- The reader uses its ``DcpConnection``'s state (stream table, positions, delivery,
+  sending) through the connection object it is given; it opens nothing itself.
 """
 
 from __future__ import annotations
 
 import gc
-import struct
 from typing import Any
 
 import trio
 
-from dcp.protocol import codec
-from dcp.protocol.errors import RemoteProtocolError
-from dcp.protocol.frames import HEADER
-from dcp.protocol.opcodes import Opcode, Status, StreamEndStatus
+from dcp.protocol import events as ev
+from dcp.protocol.errors import for_status
+from dcp.protocol.opcodes import Status, StreamEndStatus
 
-from .control_frames import ControlFrames
 from .delivery import CommitPoint, RawChunk
 from .errors import (
     ConnectionLostError,
     DeadConnectionError,
+    RetryTimeoutError,
+    RollbackError,
+    StreamError,
 )
+from .rollback import RollbackPolicy
 from .snapshot_buffer import StreamBuffer, StreamState
-from .structs import Deletion, Mutation
+from .structs import SnapshotMarker, StreamEnd
 
 __all__ = ["StreamReader"]
 
-_HDR = HEADER.unpack_from
-_HDR_MUT = codec.HDR_MUTATION.unpack_from
-_HDR_DEL1 = struct.Struct(">BBHBBHIIQQQH").unpack_from
-_HDR_DEL2 = struct.Struct(">BBHBBHIIQQQIB").unpack_from
-_HDR_MARKER = struct.Struct(">BBHBBHIIQQQI").unpack_from  # header + V1 marker extras
-_U64 = struct.Struct(">Q").unpack_from
-_KNOWN_MAGIC = frozenset((0x80, 0x81, 0x82, 0x83))
-_ALL_MAGIC = _KNOWN_MAGIC | {0x08, 0x18}
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 _FATAL_END = frozenset((StreamEndStatus.FILTER_EMPTY, StreamEndStatus.LOST_PRIVILEGES))
-_STREAMING = StreamState.STREAMING
 #: gen-0 GC threshold while reading (tracked objects between collections; see the rules)
 GC_GEN0_THRESHOLD = 100_000
 
@@ -96,38 +87,22 @@ class _GcTuning:
             cls.saved = cls.applied = None
 
 
-class StreamReader(ControlFrames):
-    """Reading half of ``DcpConnection``; see the module rules."""
+class StreamReader:
+    """Reads for one ``DcpConnection`` (see the module rules)."""
 
-    # state owned by DcpConnection (declared here for readers of this file)
-    cfg: Any
-    session: Any
-    delivery: Any
-    fc: Any
-    stats: dict[str, int]
-    probe_after: float | None
-    made_progress: bool
-    _stream: Any
-    _commit_fn: Any
-    _retries: dict[int, tuple[float, int]]
-    _streams: dict[int, StreamBuffer]
-    _by_vb: dict[int, StreamBuffer]
-    _rpcs: dict[int, Any]
-    _slow_snap: int
-    _uncounted: int
-    _replies: bytearray | None
-
-    async def send(self, data: bytes | bytearray) -> None:
-        raise NotImplementedError
-
-    def next_opaque(self) -> int:
-        raise NotImplementedError
-
-    def schedule_open(self, vb: int, delay: float) -> None:
-        raise NotImplementedError
-
-    def _check_all_done(self) -> None:
-        raise NotImplementedError
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.raw = conn.cfg.raw
+        self._out: list = []  # this chunk's delivery entries
+        self._raw_out: list = []  # raw mode: this chunk's events
+        self._emit: Any = self._out.append  # where this chunk's events go
+        self._handlers = {
+            ev.Items: self._items, ev.SnapshotDone: self._snapshot_done,
+            ev.Marker: self._marker, ev.SeqnoAdvanced: _ignore,
+            ev.StreamEnded: self._stream_ended, ev.StreamOpened: self._stream_opened,
+            ev.StreamRollback: self._stream_rollback, ev.StreamRefused: self._stream_refused,
+            ev.Answer: self._answer,
+        }
 
     async def read_loop(self) -> None:
         _GcTuning.enter()
@@ -136,219 +111,177 @@ class StreamReader(ControlFrames):
         finally:
             _GcTuning.exit()
 
-    async def _read_loop(self) -> None:
-        # The hot path, kept in one frame on purpose (locals bound, no per-item calls).
-        receive = self._stream.receive_some
-        size = self.cfg.receive_size
-        streams = self._streams
-        fc = self.fc
-        raw = self.cfg.raw
-        max_body = self.cfg.max_body_size
-        commit_fn = self._commit_fn
-        delivery = self.delivery
-        slow = self._slow
-        stats = self.stats
-        hdr_mut = _HDR_MUT
-        pending: list[bytes] = []
-        pending_len = 0
-        need = 24
-        while True:
-            probe_after = self.probe_after
+    async def _receive(self, size: int) -> bytes:
+        conn = self.conn
+        receive = conn._stream.receive_some
+        probe_after = conn.probe_after
+        if probe_after is None:
+            data = await receive(size)
+        else:
             data = None
-            if probe_after is None:
+            with trio.move_on_after(probe_after):
                 data = await receive(size)
-            else:
+            if data is None:
+                # One noop interval of silence: probe with a plain NOOP (the server's
+                # noop timer may not run yet); a second silent interval means dead.
+                await conn.send(conn.proto.probe())
+                conn.stats["probes"] += 1
                 with trio.move_on_after(probe_after):
                     data = await receive(size)
                 if data is None:
-                    # One noop interval of silence: probe with a plain NOOP (the server's
-                    # noop timer may not run yet); a second silent interval means dead.
-                    await self.send(codec.request(Opcode.NOOP, opaque=self.next_opaque()))
-                    self.stats["probes"] += 1
-                    with trio.move_on_after(probe_after):
-                        data = await receive(size)
-                    if data is None:
-                        raise DeadConnectionError(
-                            f"nothing received for {2 * probe_after:g}s (2 x noop interval)")
-            if not data:
-                raise ConnectionLostError("the server closed the connection")
+                    raise DeadConnectionError(
+                        f"nothing received for {2 * probe_after:g}s (2 x noop interval)")
+        if not data:
+            raise ConnectionLostError("the server closed the connection")
+        return data
+
+    async def _read_loop(self) -> None:
+        conn = self.conn
+        proto = conn.proto
+        fc = proto.flow
+        size = conn.cfg.receive_size
+        max_queue = conn.cfg.max_queue_bytes
+        delivery = conn.delivery
+        stats = conn.stats
+        handlers = self._handlers
+        raw = self.raw
+        while True:
+            data = await self._receive(size)
             stats["bytes_received"] += len(data)
-            pending.append(data)
-            pending_len += len(data)
-            if pending_len < need:
-                continue
-            buf = pending[0] if len(pending) == 1 else b"".join(pending)
-            n = len(buf)
-            pos = 0
-            need = 24
+            noops, acks = proto.noops, proto.acks
+            events = proto.receive_data(data)
             out: list = []
-            raw_out: list | None = [] if raw else None
-            snap = 0
-            items = 0
-            self._slow_snap = 0
-            self._uncounted = 0
-            self._replies = None
-            # The fast run: mutations of ``cur``'s open snapshot (see the module rules).
-            cur: Any = None
-            cur_opq = -1
-            cur_append: Any = None
-            cur_end = 0
-            cur_vb = 0
-            run = 0  # wire bytes of the run not yet added to cur.held / snap
-            nrun = 0  # items of the run not yet counted
+            raw_out: list = []
+            self._out = out
+            self._raw_out = raw_out
+            self._emit = raw_out.append if raw else out.append
             try:
-                while True:
-                    if n - pos >= 55:
-                        (magic, op, kl, el, dt, vb, body, opq, cas, by, rev, flg, exp, lk,
-                         _nm, _nru) = hdr_mut(buf, pos)
-                        end = pos + 24 + body
-                        if (opq == cur_opq and op == 0x57 and magic == 0x80 and el == 31
-                                and end <= n and kl + 31 <= body):
-                            a = pos + 55
-                            b = a + kl
-                            cur_append(Mutation(cur_vb, by, rev, cas, flg, exp, lk, dt,
-                                                buf[a:b], buf[b:end]))
-                            run += end - pos
-                            nrun += 1
-                            pos = end
-                            if by >= cur_end:
-                                cur.held += run
-                                snap += run
-                                items += nrun
-                                run = nrun = 0
-                                out.append(cur.complete(fc, commit_fn))
-                                cur_opq = -1
-                            continue
-                    elif n - pos < 24:
-                        break
-                    else:
-                        magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
-                        end = pos + 24 + body
-                    if nrun:
-                        cur.held += run
-                        snap += run
-                        items += nrun
-                        run = nrun = 0
-                    cur_opq = -1
-                    if end > n:
-                        if magic not in _ALL_MAGIC:
-                            raise RemoteProtocolError(f"bad magic 0x{magic:02x}")
-                        if body > max_body:
-                            raise RemoteProtocolError(
-                                f"body of {body} bytes exceeds the limit of {max_body} "
-                                f"(opcode 0x{op:02x})")
-                        need = 24 + body
-                        break
-                    if magic == 0x80 and (op == 0x57 or op == 0x58):
-                        st = streams.get(opq)
-                        if st is not None and st.open:
-                            if op == 0x57 and el == 31 and kl + 31 <= body:
-                                (_m, _o, _k, _e, _d, _v, _b, _q, _c, by, rev, flg, exp, lk,
-                                 _nm, _nru) = _HDR_MUT(buf, pos)
-                                a = pos + 55
-                                b = a + kl
-                                ev = Mutation(st.vbucket, by, rev, cas, flg, exp, lk, dt,
-                                              buf[a:b], buf[b:end])
-                            elif op == 0x58 and el == 18 and kl + 18 <= body:
-                                (_m, _o, _k, _e, _d, _v, _b, _q, _c, by, rev,
-                                 _nm) = _HDR_DEL1(buf, pos)
-                                a = pos + 42
-                                b = a + kl
-                                ev = Deletion(st.vbucket, by, rev, cas, dt, buf[a:b],
-                                              buf[b:end], None)
-                            elif op == 0x58 and el == 21 and kl + 21 <= body:
-                                (_m, _o, _k, _e, _d, _v, _b, _q, _c, by, rev, dtime,
-                                 _u) = _HDR_DEL2(buf, pos)
-                                a = pos + 45
-                                b = a + kl
-                                ev = Deletion(st.vbucket, by, rev, cas, dt, buf[a:b],
-                                              buf[b:end], dtime)
-                            else:
-                                slow(buf, pos, end, magic, op, kl, el, dt, vb, body, opq, cas,
-                                     out, raw_out)
-                                pos = end
-                                continue
-                            items += 1
-                            if raw:
-                                raw_out.append(ev)  # type: ignore[union-attr]
-                                if by >= st.end:
-                                    raw_out.append(  # type: ignore[union-attr]
-                                        CommitPoint(st.complete(fc, commit_fn)))
-                                pos = end
-                                continue
-                            st.items.append(ev)
-                            fsz = end - pos
-                            st.held += fsz
-                            snap += fsz
-                            pos = end
-                            if by >= st.end:
-                                out.append(st.complete(fc, commit_fn))
-                            else:  # the next mutations of this snapshot take the fast run
-                                cur = st
-                                cur_opq = opq
-                                cur_append = st.items.append
-                                cur_end = st.end
-                                cur_vb = st.vbucket
-                            continue
-                    if magic == 0x80 and op == 0x56 and el == 20 and body == 20 and not raw:
-                        # V1 snapshot marker of a streaming vbucket: no Frame needed
-                        st = streams.get(opq)
-                        if st is not None and st.state is _STREAMING:
-                            if st.open:
-                                out.append(st.complete(fc, commit_fn))
-                            (_m, _o, _k, _e, _d, _v, _b, _q, _c, ms, me,
-                             mf) = _HDR_MARKER(buf, pos)
-                            st.start = ms
-                            st.end = cur_end = me if me < st.end_seqno else st.end_seqno
-                            st.flags = mf
-                            st.open = True
-                            st.held += 44
-                            snap += 44
-                            pos = end
-                            cur = st
-                            cur_opq = opq
-                            cur_append = st.items.append
-                            cur_vb = st.vbucket
-                            continue
-                    slow(buf, pos, end, magic, op, kl, el, dt, vb, body, opq, cas, out, raw_out)
-                    pos = end
+                for e in events:
+                    handlers[type(e)](e)
             except BaseException:
                 if out:
                     delivery.put_many(out)
                 raise
-            finally:
-                if nrun:
-                    cur.held += run
-                    snap += run
-                    items += nrun
-                stats["items"] += items
-            if pos < n:
-                rest = buf[pos:]
-                pending = [rest]
-                pending_len = len(rest)
-            else:
-                pending = []
-                pending_len = 0
-            snap += self._slow_snap
-            counted = pos - self._uncounted
-            if raw:
-                if raw_out or counted:
-                    fc.queued += counted
-                    out.append(RawChunk(raw_out, counted, fc))
-            else:
-                fc.held += snap
-                fc.ackable += counted - snap
+            if raw and (raw_out or proto.counted):
+                out.append(RawChunk(raw_out, proto.counted, fc))
             if out:
                 delivery.put_many(out)
-                self.made_progress = True
-            ack = fc.after_receive()
-            replies = self._replies
-            if ack:
-                stats["buffer_acks"] += 1
-                if replies is None:
-                    replies = bytearray()
-                replies += codec.buffer_ack(ack)
+                conn.made_progress = True
+            stats["noops"] += proto.noops - noops
+            stats["buffer_acks"] += proto.acks - acks
+            replies = proto.data_to_send()
             if replies:
-                await self.send(replies)
-            if not fc.enabled and delivery.nbytes > self.cfg.max_queue_bytes:
-                await delivery.wait_below(self.cfg.max_queue_bytes)
+                await conn.send(replies)
+            if not fc.enabled and delivery.nbytes > max_queue:
+                await delivery.wait_below(max_queue)
+
+    # ------------------------------------------------------------------ data events
+
+    def _items(self, e: ev.Items) -> None:
+        st = self.conn._streams.get(e.opaque)
+        if st is None:
+            return
+        self.conn.stats["items"] += len(e.items)
+        if self.raw:
+            self._raw_out.extend(e.items)
+        elif st.items:
+            st.items.extend(e.items)
+        else:
+            st.items = e.items
+
+    def _snapshot_done(self, e: ev.SnapshotDone) -> None:
+        st = self.conn._streams.get(e.opaque)
+        if st is not None:
+            batch = st.complete(e.nbytes, self.conn.fc, self.conn._commit_fn)
+            self._emit(CommitPoint(batch) if self.raw else batch)
+
+    def _marker(self, e: ev.Marker) -> None:
+        st = self.conn._streams.get(e.opaque)
+        if st is not None:
+            st.begin(e.start, e.end, e.flags, e.purge_seqno)
+            if self.raw:
+                self._emit(SnapshotMarker(st.vbucket, e.start, e.end, e.flags))
+
+    # ------------------------------------------------------------------ stream events
+
+    def _forget(self, opaque: int) -> StreamBuffer | None:
+        st = self.conn._streams.pop(opaque, None)
+        if st is not None:
+            self.conn._by_vb.pop(st.vbucket, None)
+        return st
+
+    def _stream_ended(self, e: ev.StreamEnded) -> None:
+        conn = self.conn
+        st = self._forget(e.opaque)
+        if st is None:
+            return
+        reason = e.reason
+        if self.raw:
+            self._emit(StreamEnd(st.vbucket, reason))
+        if reason == StreamEndStatus.OK:
+            conn.session[st.vbucket].done = True
+            conn._check_all_done()
+        elif reason in _FATAL_END:
+            raise StreamError(st.vbucket, reason,
+                              f"stream ended: {StreamEndStatus(reason).name}")
+        else:
+            st.discard()
+            conn.stats["stream_reopens"] += 1
+            conn.schedule_open(st.vbucket, 0.05)
+
+    def _stream_opened(self, e: ev.StreamOpened) -> None:
+        conn = self.conn
+        st = conn._streams.get(e.opaque)
+        if st is not None:
+            st.log = e.failover_log
+            st.state = StreamState.STREAMING
+            conn._retries.pop(st.vbucket, None)
+            conn.made_progress = True
+
+    def _stream_rollback(self, e: ev.StreamRollback) -> None:
+        conn = self.conn
+        st = self._forget(e.opaque)
+        if st is None:
+            return
+        vb = st.vbucket
+        conn.stats["rollbacks"] += 1
+        if conn.cfg.rollback_policy is RollbackPolicy.FAIL:
+            raise RollbackError(vb, st.asked_uuid, st.asked_seqno, e.seqno)
+        rb = conn.session.rollback(vb, e.seqno)
+        rb._commit_fn = conn._commit_fn
+        conn.delivery.purge_vbucket(vb)
+        self._emit(rb)
+        conn.schedule_open(vb, 0)
+
+    def _stream_refused(self, e: ev.StreamRefused) -> None:
+        conn = self.conn
+        st = self._forget(e.opaque)
+        if st is None:
+            return
+        vb = st.vbucket
+        status = e.status
+        err = for_status(status, e.value)
+        if status in _RETRIABLE:
+            now = trio.current_time()
+            since, attempts = conn._retries.get(vb, (now, 0))
+            attempts += 1
+            if now - since >= conn.cfg.retry_timeout:
+                raise RetryTimeoutError("stream request", vbucket=vb, attempts=attempts,
+                                        elapsed=now - since, last_error=err) from err
+            conn._retries[vb] = (since, attempts)
+            conn.stats["stream_retries"] += 1
+            conn.schedule_open(vb, min(0.05 * 2 ** (attempts - 1), 2.0))
+            return
+        raise StreamError(vb, status, f"stream request refused ({err}); asked start="
+                                      f"{st.asked_seqno} end={st.end_seqno} vb_uuid="
+                                      f"{st.asked_uuid}")
+
+    def _answer(self, e: ev.Answer) -> None:
+        rpc = self.conn._rpcs.pop(e.opaque, None)
+        if rpc is not None:
+            rpc.frame = e.result
+            rpc.event.set()
+
+
+def _ignore(_e: object) -> None:
+    """SEQNO_ADVANCED: the session already completed the snapshot it reached."""

@@ -1,18 +1,16 @@
 """Per-stream receive state: the snapshot being assembled for one vbucket stream.
 
 Rules of this module:
-- Nothing of a snapshot leaves this buffer before the snapshot is complete. A snapshot
-  is complete when (a) an item with seqno >= its end arrives, (b) the next snapshot
-  marker of the same stream arrives (the items up to the end were deduplicated away),
-  (c) STREAM_END(OK) arrives (the stream reached its end seqno), or (d) a
-  SEQNO_ADVANCED reaches the end. Disk and memory snapshots follow the same rule.
-- A snapshot's end is clamped to the stream's end seqno, so a finite stream's last
-  batch ends exactly where the stream ends.
+- Nothing of a snapshot leaves this buffer before the snapshot is complete. When a
+  snapshot is complete (an item at its end, the next marker, SEQNO_ADVANCED reaching
+  its end, STREAM_END(OK)) is decided by the protocol session
+  (``dcp.protocol.session``), which also clamps a snapshot's end to the stream's end
+  seqno and does the flow-control accounting; this buffer collects the items and the
+  marker fields the batch carries.
 - A partial snapshot is discarded (never delivered) when its stream ends for any other
   reason or its connection is lost; the stream is then requested again from the last
   committed point.
-- The reader's hot loop appends to ``items`` and adds to ``held`` directly; this class
-  only holds state and does the (rare) transitions. No I/O.
+- State and the rare transitions only. No I/O.
 """
 
 from __future__ import annotations
@@ -39,8 +37,8 @@ class StreamBuffer:
     """One vbucket stream on one connection, and its snapshot in progress."""
 
     __slots__ = (
-        "asked_seqno", "asked_uuid", "end", "end_seqno", "epoch", "flags", "gen", "held",
-        "items", "log", "opaque", "open", "purge_seqno", "start", "state", "vbucket",
+        "asked_seqno", "asked_uuid", "end", "end_seqno", "epoch", "flags", "gen", "items",
+        "log", "opaque", "purge_seqno", "start", "state", "vbucket",
     )
 
     def __init__(
@@ -60,39 +58,29 @@ class StreamBuffer:
         self.end = 0
         self.flags = 0
         self.items: list = []
-        self.held = 0  # wire bytes of the partial snapshot not yet released to flow control
-        self.open = False  # a marker arrived and its snapshot is not complete yet
         self.purge_seqno = 0
 
-    def begin(self, start: int, end: int, flags: int) -> None:
-        """A snapshot marker arrived (the previous snapshot must be completed first)."""
+    def begin(self, start: int, end: int, flags: int, purge_seqno: int | None) -> None:
+        """A snapshot marker arrived (``end`` already clamped by the session)."""
         self.start = start
-        self.end = end if end < self.end_seqno else self.end_seqno
+        self.end = end
         self.flags = flags
-        self.open = True
+        if purge_seqno is not None:
+            self.purge_seqno = purge_seqno
 
-    def complete(self, fc: Any, commit_fn: Any) -> SnapshotBatch:
-        """The snapshot is whole: build its batch and move its bytes held -> queued."""
-        held = self.held
+    def complete(self, nbytes: int, fc: Any, commit_fn: Any) -> SnapshotBatch:
+        """The snapshot is whole (its ``nbytes`` are queued in ``fc``): build its batch."""
         batch = SnapshotBatch(
-            self.vbucket, self.start, self.end, self.flags, self.items, held, self.log,
+            self.vbucket, self.start, self.end, self.flags, self.items, nbytes, self.log,
             self.epoch, self.gen, fc, commit_fn, self.purge_seqno,
         )
-        fc.held -= held
-        fc.queued += held
         self.items = []
-        self.held = 0
-        self.open = False
         return batch
 
-    def discard(self, fc: Any) -> None:
-        """Drop the partial snapshot; its bytes count as processed for flow control."""
-        fc.held -= self.held
-        fc.ackable += self.held
+    def discard(self) -> None:
+        """Drop the partial snapshot (the session made its bytes ackable)."""
         self.items = []
-        self.held = 0
-        self.open = False
 
     def __repr__(self) -> str:
         return (f"StreamBuffer(vb={self.vbucket}, opaque={self.opaque}, state={self.state.name}, "
-                f"snapshot=[{self.start},{self.end}] open={self.open} items={len(self.items)})")
+                f"snapshot=[{self.start},{self.end}] items={len(self.items)})")

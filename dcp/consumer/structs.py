@@ -2,8 +2,10 @@
 
 Rules of this module:
 - Per-item events (``Mutation``, ``Deletion``, ``Expiration``, and in raw mode
-  ``SnapshotMarker``/``StreamEnd``) are plain slotted classes built positionally by the
-  reader (the hot path): no validation, no frozen dataclasses. Treat them as read-only.
+  ``SnapshotMarker``/``StreamEnd``) are plain slotted classes built positionally (the
+  hot path): no validation, no frozen dataclasses. Treat them as read-only. The change
+  items are ``dcp.protocol.events``' own classes, which the protocol session builds
+  directly: no conversion per item.
 - A ``SnapshotBatch`` is one vbucket's *complete* snapshot; it is the unit of delivery
   and of commit. ``commit()`` calls back into the client that delivered it (a coroutine
   for ``DcpClient``, a blocking call for ``BlockingDcpClient``).
@@ -18,6 +20,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcp.protocol.events import Deletion, Expiration, Mutation
 from dcp.protocol.opcodes import SEQNO_MAX, SnapshotMarkerFlag
 
 from .errors import InvalidOffsetError, UsageError
@@ -45,79 +48,6 @@ class StartFrom(enum.Enum):
 
     BEGINNING = "beginning"  #: seqno 0: every change the server still has
     NOW = "now"  #: the vbucket's high seqno when the client first connects
-
-
-class Mutation:
-    """A document was created or updated (DCP_MUTATION)."""
-
-    __slots__ = (
-        "cas", "datatype", "expiry", "flags", "key", "lock_time", "rev_seqno", "seqno",
-        "value", "vbucket",
-    )
-    kind = "mutation"
-
-    def __init__(
-        self, vbucket: int, seqno: int, rev_seqno: int, cas: int, flags: int, expiry: int,
-        lock_time: int, datatype: int, key: bytes, value: bytes,
-    ) -> None:
-        self.vbucket = vbucket
-        self.seqno = seqno
-        self.rev_seqno = rev_seqno
-        self.cas = cas
-        self.flags = flags
-        self.expiry = expiry
-        self.lock_time = lock_time
-        self.datatype = datatype
-        self.key = key
-        self.value = value
-
-    def __repr__(self) -> str:
-        return (f"Mutation(vb={self.vbucket}, seqno={self.seqno}, key={self.key!r}, "
-                f"value={self.value[:32]!r}, cas={self.cas})")
-
-
-class Deletion:
-    """A document was deleted (DCP_DELETION). ``delete_time`` is None for V1 deletions."""
-
-    __slots__ = ("cas", "datatype", "delete_time", "key", "rev_seqno", "seqno", "value",
-                 "vbucket")
-    kind = "deletion"
-
-    def __init__(
-        self, vbucket: int, seqno: int, rev_seqno: int, cas: int, datatype: int, key: bytes,
-        value: bytes, delete_time: int | None,
-    ) -> None:
-        self.vbucket = vbucket
-        self.seqno = seqno
-        self.rev_seqno = rev_seqno
-        self.cas = cas
-        self.datatype = datatype
-        self.key = key
-        self.value = value
-        self.delete_time = delete_time
-
-    def __repr__(self) -> str:
-        return f"Deletion(vb={self.vbucket}, seqno={self.seqno}, key={self.key!r})"
-
-
-class Expiration:
-    """A document expired (DCP_EXPIRATION; only with ``include_expirations=True``)."""
-
-    __slots__ = ("cas", "delete_time", "key", "rev_seqno", "seqno", "vbucket")
-    kind = "expiration"
-
-    def __init__(
-        self, vbucket: int, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int,
-    ) -> None:
-        self.vbucket = vbucket
-        self.seqno = seqno
-        self.rev_seqno = rev_seqno
-        self.cas = cas
-        self.key = key
-        self.delete_time = delete_time
-
-    def __repr__(self) -> str:
-        return f"Expiration(vb={self.vbucket}, seqno={self.seqno}, key={self.key!r})"
 
 
 Event = Mutation | Deletion | Expiration

@@ -272,14 +272,14 @@ class ClientSession:
             vb = st.vbucket
             if op == Opcode.DCP_MUTATION:
                 by, rev, flg, exp, lk = codec.parse_mutation(f)
-                item = self._mutation(vb, by, rev, f.cas, flg, exp, lk, f.datatype, f.key,
+                item = self.mutation(vb, by, rev, f.cas, flg, exp, lk, f.datatype, f.key,
                                       f.value)
             elif op == Opcode.DCP_DELETION:
                 by, rev, dtime = codec.parse_deletion(f)
-                item = self._deletion(vb, by, rev, f.cas, f.datatype, f.key, f.value, dtime)
+                item = self.deletion(vb, by, rev, f.cas, f.datatype, f.key, f.value, dtime)
             else:
                 by, rev, dtime = codec.parse_expiration(f)
-                item = self._expiration(vb, by, rev, f.cas, f.key, dtime)
+                item = self.expiration(vb, by, rev, f.cas, f.key, dtime)
             if not st.open:
                 if by > st.end_seqno:
                     return 0  # past the end we asked for (a server that does not clamp)
