@@ -1,7 +1,7 @@
 """KvClient: writes and reads on the same port as DCP (SET/ADD/REPLACE/DELETE/GET).
 
 Rules of this module:
-- Keys are routed to ``vbucket_for_key(key, num_vbuckets)`` (reference §9); the client
+- Keys are routed to ``dcp.protocol.layout.vbucket_for_key(key, num_vbuckets)``; the client
   must know the server's vbucket count (default 1024).
 - Pipelining: a batch is encoded into one buffer, written with one ``send_all``, and its
   responses are matched by opaque (they may come back in any order). Single operations
@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import functools
 import json
-import struct
-import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,6 +34,7 @@ import trio
 from dcp.protocol import codec
 from dcp.protocol.errors import for_status
 from dcp.protocol.frames import Frame
+from dcp.protocol.layout import HDR_STORE, vbucket_for_key
 from dcp.protocol.opcodes import Datatype, DurabilityLevel, HelloFeature, Opcode, Status
 
 from .errors import (
@@ -54,9 +53,7 @@ Connector = Callable[[], Awaitable[trio.abc.Stream]]
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 KV_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO,
                HelloFeature.ALT_REQUEST_SUPPORT, HelloFeature.SYNC_REPLICATION]
-_STORE_HEAD = struct.Struct(">BBHBBHIIQII").pack  # request header + flags, expiry
 _SET = int(Opcode.SET)
-_crc32 = zlib.crc32
 
 
 def _key(key: str | bytes) -> bytes:
@@ -158,7 +155,7 @@ class KvClient:
             await cm.__aexit__(None, None, None)
 
     def vbucket_for(self, key: str | bytes) -> int:
-        return codec.vbucket_for_key(_key(key), self.num_vbuckets)
+        return vbucket_for_key(_key(key), self.num_vbuckets)
 
     async def _connection(self) -> KvConnection:
         if self._state != "running":
@@ -246,7 +243,7 @@ class KvClient:
                   cas: int, durable: bool) -> Op:
         k = _key(key)
         v, dt = _value(value)
-        vb = codec.vbucket_for_key(k, self.num_vbuckets)
+        vb = vbucket_for_key(k, self.num_vbuckets)
         extras = codec.store_extras(flags, expiry)
         fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
         return Op(opcode, k, vb, codec.request(
@@ -256,8 +253,9 @@ class KvClient:
     def _set_ops(self, pairs: Iterable[tuple[Any, Any]], flags: int, expiry: int) -> list[Op]:
         """Plain SETs (no CAS, not durable) for ``set_many``: ``_store_op`` inlined."""
         codec.store_extras(flags, expiry)  # range check once
-        mask = self.num_vbuckets - 1
-        head = _STORE_HEAD
+        nvb = self.num_vbuckets
+        head = HDR_STORE.pack
+        hash_key = vbucket_for_key
         ops = []
         append = ops.append
         for key, value in pairs:
@@ -267,7 +265,7 @@ class KvClient:
                 dt = 0
             else:
                 v, dt = _value(value)
-            vb = ((_crc32(k) >> 16) & 0x7FFF) & mask
+            vb = hash_key(k, nvb)
             kl = len(k)
             append(Op(_SET, k, vb, head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0,
                                          flags, expiry) + k + v, True))
@@ -275,7 +273,7 @@ class KvClient:
 
     def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> Op:
         k = _key(key)
-        vb = codec.vbucket_for_key(k, self.num_vbuckets)
+        vb = vbucket_for_key(k, self.num_vbuckets)
         fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
         return Op(Opcode.DELETE, k, vb, codec.request(
             Opcode.DELETE, vbucket=vb, cas=cas, key=k, framing_extras=fe), False)
@@ -338,7 +336,7 @@ class KvClient:
         ops = []
         for key in keys:
             k = _key(key)
-            vb = codec.vbucket_for_key(k, self.num_vbuckets)
+            vb = vbucket_for_key(k, self.num_vbuckets)
             ops.append(Op(Opcode.GET, k, vb, _get_request(vb, k), True))
         out: dict[bytes, GetResult] = {}
         for op, r in zip(ops, await self._execute(ops), strict=True):
