@@ -16,21 +16,29 @@ Rules of this module:
   longer on the server's history, raises ``RollbackDetectedError``; with ``rewind`` the
   vbucket yields one rollback row (at the rollback seqno or the range start, whichever is
   lower) and nothing else.
-- The hot path parses raw received bytes with precompiled ``struct``s (no frame objects)
-  and appends to per-column lists through bound methods.
+- An I/O shell over the connection's ``ClientSession`` (``dcp.protocol.session``): it
+  decodes (magic, opcode and extras decide what a frame is), answers noops and matches
+  stream answers; the session builds each item straight as a row tuple in column order,
+  and a run of items (one ``Items`` event) is added to the columns with one ``extend``
+  per column. A frame that breaks the protocol fails the task with
+  ``RangeUnavailableError``.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import operator
 import os
 import secrets
-import struct
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
-from dcp.protocol import SEQNO_MAX, DcpOpenFlag, Opcode, Status, StreamEndStatus, codec
+from dcp.protocol import SEQNO_MAX, DcpOpenFlag, RemoteProtocolError, Status, StreamEndStatus
+from dcp.protocol import events as ev
 from dcp.protocol.opcodes import SnapshotMarkerFlag
+from dcp.protocol.session import ClientSession
 
 from .changes import OP_DELETION, OP_EXPIRATION, Chunk
 from .errors import RangeUnavailableError, RollbackDetectedError
@@ -48,15 +56,24 @@ log = logging.getLogger("dcp.spark")
 DRAIN_SECONDS = 2.0
 _HISTORY = int(SnapshotMarkerFlag.HISTORY)
 
-_HDR = struct.Struct(">BBHBBHIIQ").unpack_from
-#: Header + mutation extras of a DCP_MUTATION, only the fields used: key length, extras
-#: length, datatype, body length, opaque, cas, by_seqno, rev_seqno, flags, expiry.
-_MUT = struct.Struct(">2xHBB2xIIQQQII").unpack_from
-_DEL = struct.Struct(">BBHBBHIIQQQ").unpack_from  # header + by_seqno, rev_seqno (40 bytes)
-_BODYLEN = struct.Struct(">I").unpack_from
-_U64 = struct.Struct(">Q").unpack_from
-_U32 = struct.Struct(">I").unpack_from
-_MARKER = struct.Struct(">QQI").unpack_from
+_SEQNO = operator.itemgetter(0)
+
+
+# Items as rows in the column order of ``changes.columns``: seqno, op, key, value, cas,
+# rev_seqno, flags, expiry, datatype (built by the session's decoder, one call per item).
+def _mutation_row(vb: int, by: int, rev: int, cas: int, flags: int, exp: int, lock: int,
+                  dt: int, key: bytes, value: bytes) -> tuple:
+    return (by, 0, key, value, cas, rev, flags, exp, dt)
+
+
+def _deletion_row(vb: int, by: int, rev: int, cas: int, dt: int, key: bytes, value: bytes,
+                  delete_time: int | None) -> tuple:
+    return (by, OP_DELETION, key, value or None, cas, rev, None, None, dt)
+
+
+def _expiration_row(vb: int, by: int, rev: int, cas: int, key: bytes,
+                    delete_time: int) -> tuple:
+    return (by, OP_EXPIRATION, key, None, cas, rev, None, None, 0)
 
 _RETRIABLE_END = {StreamEndStatus.DISCONNECTED, StreamEndStatus.SLOW,
                   StreamEndStatus.BACKFILL_FAIL, StreamEndStatus.STATE_CHANGED,
@@ -74,14 +91,21 @@ class _Reader:
         self.client: WireClient | None = None
         self.outbox: list[bytes] = []  # requests to send with the next write
         self.retry_at: dict[int, float] = {}  # vbucket -> monotonic time of the next request
-        self._pieces: list[bytes] = []  # an incomplete frame, in parts
-        self._have = 0
-        self._need = 0
+        self._handlers: dict[type, Any] = {
+            ev.Items: self._items, ev.Marker: self._marker,
+            ev.SeqnoAdvanced: self._seqno_advanced, ev.StreamEnded: self._stream_ended,
+            ev.StreamOpened: self._stream_opened, ev.StreamRollback: self._stream_rollback,
+            ev.StreamRefused: self._stream_refused, ev.Answer: self._answer,
+            ev.SnapshotDone: _ignore,  # RangeRead decides on snapshot ends itself
+        }
 
     # ------------------------------------------------------------------ connection
 
     def connect(self) -> None:
-        client = WireClient(self.cfg.host, self.cfg.port, timeout=self.cfg.timeout)
+        client = WireClient(self.cfg.host, self.cfg.port, timeout=self.cfg.timeout,
+                            session=ClientSession(mutation=_mutation_row,
+                                                  deletion=_deletion_row,
+                                                  expiration=_expiration_row))
         client.connect()
         try:
             client.dcp_open(f"{self.name}:{os.getpid()}:{secrets.token_hex(4)}",
@@ -115,23 +139,22 @@ class _Reader:
         """Ask for the vbucket from ``st.c``, open-ended: the reader stops the stream itself
         once the range is read (see the module rules)."""
         assert self.client is not None
-        st.opaque = self.client.next_opaque()
+        st.opaque, data = self.client.proto.stream_request(
+            st.rng.vbucket, start=st.c, end=SEQNO_MAX, vb_uuid=st.rng.uuid, snap_start=st.c,
+            snap_end=st.c)
         self.by_opaque[st.opaque] = st
         st.state = "requested"
         st.restart()
-        self.outbox.append(codec.stream_request(
-            st.rng.vbucket, st.opaque, start=st.c, end=SEQNO_MAX, vb_uuid=st.rng.uuid,
-            snap_start=st.c, snap_end=st.c))
+        self.outbox.append(data)
 
     def close_stream(self, st: RangeRead) -> None:
         """Stop ``st`` on the server (if it has one); it is ``done`` once its STREAM_END, or
         the answer that there is no such stream, arrives."""
         if st.state in ("open", "requested") and self.client is not None:
             st.state = "closing"
-            o = self.client.next_opaque()
+            o, data = self.client.proto.close_stream(st.rng.vbucket)
             self.by_opaque[o] = st  # the answer: SUCCESS (a STREAM_END follows) or ENOENT
-            self.outbox.append(codec.request(Opcode.DCP_CLOSE_STREAM, vbucket=st.rng.vbucket,
-                                             opaque=o))
+            self.outbox.append(data)
         elif st.state != "closing":
             st.state = "done"
 
@@ -156,31 +179,51 @@ class _Reader:
 
     # ------------------------------------------------------------------ control frames
 
-    def stream_response(self, st: RangeRead, status: int, value: bytes) -> None:
+    def _stream_opened(self, e: ev.StreamOpened) -> None:
+        st = self.by_opaque.get(e.opaque)
+        if st is None or st.state != "requested":
+            return
+        st.state = "open"
         rng = st.rng
-        if status == Status.SUCCESS:
-            st.state = "open"
-            if rng.end_uuid and len(value) % 16 == 0:
-                flog = codec.parse_failover_log(value)
-                r = rollback_seqno(VbPosition(rng.end_uuid, rng.end), flog, SEQNO_MAX)
-                if r is not None:
-                    self.rolled_back(st, rng.end_uuid, rng.end, r, (
-                        f"the planned end (uuid {rng.end_uuid}, seqno {rng.end}) is no longer "
-                        f"on the server's history (failover log {flog})"))
+        if rng.end_uuid:
+            flog = list(e.failover_log)
+            r = rollback_seqno(VbPosition(rng.end_uuid, rng.end), flog, SEQNO_MAX)
+            if r is not None:
+                self.rolled_back(st, rng.end_uuid, rng.end, r, (
+                    f"the planned end (uuid {rng.end_uuid}, seqno {rng.end}) is no longer "
+                    f"on the server's history (failover log {flog})"))
+
+    def _stream_rollback(self, e: ev.StreamRollback) -> None:
+        st = self.by_opaque.get(e.opaque)
+        if st is None or st.state != "requested":
             return
-        if status == Status.ROLLBACK:
-            r = _U64(value, 0)[0] if len(value) >= 8 else 0
-            self.rolled_back(st, rng.uuid, st.c, r, (
-                f"the stream request at (uuid {rng.uuid}, seqno {st.c}) was answered "
-                f"ROLLBACK to {r}"))
+        self.rolled_back(st, st.rng.uuid, st.c, e.seqno, (
+            f"the stream request at (uuid {st.rng.uuid}, seqno {st.c}) was answered "
+            f"ROLLBACK to {e.seqno}"))
+
+    def _stream_refused(self, e: ev.StreamRefused) -> None:
+        st = self.by_opaque.get(e.opaque)
+        if st is None or st.state != "requested":
             return
+        status = e.status
         if status in _RETRIABLE_STATUS:
             self.schedule_retry(st, f"stream request answered status 0x{status:02x}")
             return
+        rng = st.rng
         raise RangeUnavailableError(
             f"vbucket {rng.vbucket}: the server refused the stream request for (seqno {st.c}, "
             f"{rng.end}] (uuid {rng.uuid}) with status 0x{status:02x}: "
-            f"{value[:200].decode('utf-8', 'replace')}")
+            f"{e.value[:200].decode('utf-8', 'replace')}")
+
+    def _answer(self, e: ev.Answer) -> None:
+        st = self.by_opaque.get(e.opaque)
+        if st is not None and e.result.status and st.state == "closing":
+            st.state = "done"  # no stream to close (it had already ended)
+
+    def _stream_ended(self, e: ev.StreamEnded) -> None:
+        st = self.by_opaque.get(e.opaque)
+        if st is not None and st.state in ("open", "closing"):
+            self.stream_end(st, e.reason)
 
     def stream_end(self, st: RangeRead, reason: int) -> None:
         if st.state == "closing":
@@ -220,7 +263,6 @@ class _Reader:
         while not all(st.done for st in self.streams):
             try:
                 if self.client is None:
-                    self._pieces, self._have, self._need = [], 0, 0
                     self.connect()
                 wait = self._due_retries()
                 self._send_outbox()
@@ -243,22 +285,23 @@ class _Reader:
             self.client.send(data)  # type: ignore[union-attr]
 
     def _feed(self, chunk: bytes) -> None:
-        """Parse ``chunk`` after what is left of the previous one (an incomplete frame)."""
-        if self._pieces:
-            self._pieces.append(chunk)
-            self._have += len(chunk)
-            if self._have < self._need:
-                return
-            buf = b"".join(self._pieces)
-        else:
-            buf = chunk
-        pos = self.parse(buf)
-        if pos < len(buf):
-            tail = buf[pos:]
-            self._pieces, self._have = [tail], len(tail)
-            self._need = 24 + _BODYLEN(tail, 8)[0] if self._have >= 24 else 24
-        else:
-            self._pieces, self._have, self._need = [], 0, 0
+        """Decode ``chunk`` (after what is left of the previous one) and act on it."""
+        assert self.client is not None
+        proto = self.client.proto
+        try:
+            events = proto.receive_data(chunk)
+        except RemoteProtocolError as exc:
+            raise RangeUnavailableError(f"the server broke the protocol: {exc}") from exc
+        handlers = self._handlers
+        for e in events:
+            handlers[type(e)](e)
+        for st in self.streams:  # memory bound: account what was buffered, now and then
+            if st.state == "open":
+                st.count_pending()
+                self.settle(st)
+        reply = proto.data_to_send()  # noop replies
+        if reply:
+            self.outbox.append(reply)
 
     def shutdown(self) -> None:
         """Close the connection, politely when possible: close every stream and wait
@@ -310,116 +353,46 @@ class _Reader:
             return None
         return max(0.0, min(self.retry_at.values()) - now)
 
-    def parse(self, buf: bytes) -> int:
-        """Consume every complete frame of ``buf``; return where the unparsed tail starts.
+    # ------------------------------------------------------------------ data events
 
-        The hot path: DCP_MUTATION frames of an open stream are unpacked with one
-        ``struct`` call and appended through bound ``append`` methods, re-bound only when
-        the stream changes (the server sends runs of one stream's frames).
-        """
-        n = len(buf)
-        pos = 0
-        by_opaque = self.by_opaque
-        mut = _MUT
-        last = -1
-        st = None
-        stop = 0
-        a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = None
-        while n - pos >= 24:
-            if buf[pos + 1] == 0x57 and n - pos >= 55:
-                kl, el, dt, bodylen, opaque, cas, by, rev, flags, exp = mut(buf, pos)
-                end = pos + 24 + bodylen
-                if end > n:
-                    break
-                if opaque != last:
-                    last = opaque
-                    st = by_opaque.get(opaque)
-                    if st is not None and st.state == "open":
-                        r = st.rows
-                        a0, a1, a2, a3, a4 = (r[0].append, r[1].append, r[2].append,
-                                              r[3].append, r[4].append)
-                        a5, a6, a7, a8 = r[5].append, r[6].append, r[7].append, r[8].append
-                        stop = st.stop
-                    else:
-                        st = None
-                if st is not None:
-                    k = pos + 24 + el
-                    a0(by)  # type: ignore[misc]
-                    a1(0)  # type: ignore[misc]
-                    a2(buf[k:k + kl])  # type: ignore[misc]
-                    a3(buf[k + kl:end])  # type: ignore[misc]
-                    a4(cas)  # type: ignore[misc]
-                    a5(rev)  # type: ignore[misc]
-                    a6(flags)  # type: ignore[misc]
-                    a7(exp)  # type: ignore[misc]
-                    a8(dt)  # type: ignore[misc]
-                    if by >= stop:
-                        st.item_done(by)
-                        self.settle(st)
-                        last = -1  # the stream's state may have changed
-                pos = end
-                continue
-            end = pos + 24 + _BODYLEN(buf, pos + 8)[0]
-            if end > n:
-                break
-            self.frame(buf, pos, end)
-            last = -1
-            pos = end
-        for st in self.streams:  # memory bound: account what was buffered, now and then
-            if st.state == "open":
-                st.count_pending()
+    def _items(self, e: ev.Items) -> None:
+        """A run of rows: added to the columns in slices that end at the rows needing a
+        decision (at or past ``stop``); rows after a decision that closed the stream are
+        dropped. (The buffered bytes are counted per chunk, in ``_feed``.)"""
+        st = self.by_opaque.get(e.opaque)
+        if st is None or st.state != "open":
+            return
+        rows = e.items
+        n = len(rows)
+        i = 0
+        while i < n:
+            j = bisect.bisect_left(rows, st.stop, i, n, key=_SEQNO)
+            k = j + 1 if j < n else n
+            part = rows[i:k] if i or k < n else rows
+            for col, values in zip(st.rows, zip(*part, strict=True), strict=True):
+                col.extend(values)
+            i = k
+            if j < n:
+                st.item_done(rows[j][0])
                 self.settle(st)
-        return pos
+                if st.state != "open":
+                    return
 
-    def frame(self, buf: bytes, pos: int, end: int) -> None:
-        magic, op, kl, el, dt, vb_or_status, _bl, opaque, cas = _HDR(buf, pos)
-        if magic not in (0x80, 0x81):
-            raise RangeUnavailableError(f"unexpected frame magic 0x{magic:02x} from the server")
-        body = pos + 24
-        if op == Opcode.DCP_NOOP and magic == 0x80:
-            self.outbox.append(codec.response(Opcode.DCP_NOOP, opaque=opaque))
-            return
-        st = self.by_opaque.get(opaque)
-        if st is None:
-            return
-        if magic == 0x81:
-            if op == Opcode.DCP_STREAM_REQ and st.state == "requested":
-                self.stream_response(st, vb_or_status, buf[body + el + kl:end])
-            elif op == Opcode.DCP_CLOSE_STREAM and vb_or_status and st.state == "closing":
-                st.state = "done"  # no stream to close (it had already ended)
-            return
-        if op == Opcode.DCP_STREAM_END:
-            if st.state in ("open", "closing"):
-                self.stream_end(st, _U32(buf, body)[0])
-            return
-        if st.state != "open":
-            return
-        if op == Opcode.DCP_SNAPSHOT_MARKER:
-            s, e, f = _MARKER(buf, body if el == 20 else body + el)  # V1, or V2.x value
-            st.marker(s, e, f)
+    def _marker(self, e: ev.Marker) -> None:
+        st = self.by_opaque.get(e.opaque)
+        if st is not None and st.state == "open":
+            st.marker(e.start, e.end, e.flags)
             self.settle(st)
-        elif op == Opcode.DCP_DELETION or op == Opcode.DCP_EXPIRATION:
-            by, rev = _DEL(buf, pos)[9:11]
-            k = body + el
-            rows = st.rows
-            rows[0].append(by)
-            rows[1].append(OP_DELETION if op == Opcode.DCP_DELETION else OP_EXPIRATION)
-            rows[2].append(buf[k:k + kl])
-            rows[3].append(buf[k + kl:end] or None)
-            rows[4].append(cas)
-            rows[5].append(rev)
-            rows[6].append(None)
-            rows[7].append(None)
-            rows[8].append(dt)
-            st.pbytes += end - body
-            if by >= st.stop or st.pbytes > BUFFER_BYTES:
-                st.item_done(by)
-                self.settle(st)
-        elif op == Opcode.DCP_SEQNO_ADVANCED:
-            st.item_done(_U64(buf, body)[0])
+
+    def _seqno_advanced(self, e: ev.SeqnoAdvanced) -> None:
+        st = self.by_opaque.get(e.opaque)
+        if st is not None and st.state == "open":
+            st.item_done(e.seqno)
             self.settle(st)
-        elif op == Opcode.DCP_MUTATION:
-            raise RangeUnavailableError("malformed DCP_MUTATION from the server")
+
+
+def _ignore(_e: object) -> None:
+    pass
 
 
 def read_ranges(cfg: SourceConfig, ranges: Sequence[VbRange], name: str) -> Iterator[Chunk]:

@@ -4,24 +4,27 @@ Rules of this module:
 - Plain blocking sockets with a timeout. Spark calls the connector from ordinary Python
   processes (the streaming runner, planning workers, executor workers): no event loop,
   nothing opened before it is needed, everything closed by ``close()`` (idempotent).
-- Requests are pipelined: all of a call's requests leave in one write, answers are
-  matched by opaque. ``call`` is for the request/response phase only; once streams are
-  open the DCP data hot path (``dcp.spark.executor``) parses the raw chunks that
-  ``read_chunk`` returns itself.
-- Only ``dcp.protocol`` is used (builders, parsers, ``FrameReader``).
+- An I/O shell over a ``ClientSession`` (``dcp.protocol.session``), which allocates
+  opaques, builds the requests and decodes every received byte. Requests are
+  pipelined: all of a call's requests leave in one write, answers are matched by opaque.
+  ``call`` is for the request/response phase only; once streams are open the executor
+  (``dcp.spark.executor``) feeds the chunks ``read_chunk`` returns to the same session.
+- Only ``dcp.protocol`` is used (the session, builders, parsers).
 - Every socket failure becomes ``ConnectionLost`` (retriable); a refusal by the server is
   the protocol's ``StatusError`` family (``for_status``).
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import secrets
 import socket
+from typing import Any
 
-from dcp.protocol import FrameReader, Opcode, Status, codec, for_status
+from dcp.protocol import Opcode, Status, codec, for_status
+from dcp.protocol.events import Answer
 from dcp.protocol.frames import Frame
+from dcp.protocol.session import ClientSession
 
 __all__ = ["ConnectionLost", "WireClient"]
 
@@ -38,14 +41,14 @@ class WireClient:
     """
 
     def __init__(self, host: str, port: int, *, timeout: float = 30.0,
-                 recv_size: int = 1 << 20) -> None:
+                 recv_size: int = 1 << 20, session: ClientSession | None = None) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
         self.recv_size = recv_size
         self._sock: socket.socket | None = None
-        self._reader = FrameReader()
-        self._opaques = itertools.count(0x1000)
+        #: the protocol state of this connection (the executor streams through it)
+        self.proto = session if session is not None else ClientSession()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -77,7 +80,7 @@ class WireClient:
         return self._sock is None
 
     def next_opaque(self) -> int:
-        return next(self._opaques) & 0xFFFFFFFF
+        return self.proto.next_opaque()
 
     # ------------------------------------------------------------------ raw I/O
 
@@ -123,31 +126,33 @@ class WireClient:
     def call(self, requests: list[tuple[int, bytes]]) -> list[Frame]:
         """Send every request in one write; return their responses in request order.
 
-        Frames that are not one of the answers (stream messages) are dropped: callers
-        use ``call`` only while no stream is open.
+        Events other than these answers (stream messages) are dropped: callers use
+        ``call`` only while no stream is open.
         """
         if not requests:
             return []
+        proto = self.proto
+        want = {proto.expect(opaque): i for i, (opaque, _) in enumerate(requests)}
         self.send(b"".join(data for _, data in requests))
-        want = {opaque: i for i, (opaque, _) in enumerate(requests)}
-        out: list[Frame | None] = [None] * len(requests)
+        out: list[Any] = [None] * len(requests)
         missing = len(requests)
-        reader = self._reader
         while missing:
-            reader.feed(self.read_chunk())
-            for f in reader.read_frames():
-                i = want.get(f.opaque)
-                if i is None or not f.is_response or out[i] is not None:
+            for e in proto.receive_data(self.read_chunk()):
+                i = want.get(e.opaque) if type(e) is Answer else None
+                if i is None or out[i] is not None:
                     continue
-                out[i] = f
+                out[i] = e.result
                 missing -= 1
-        return out  # type: ignore[return-value]
+            reply = proto.data_to_send()  # noop replies
+            if reply:
+                self.send(reply)
+        return out
 
     # ------------------------------------------------------------------ requests
 
-    def request(self, opcode: int, **kw: object) -> tuple[int, bytes]:
+    def request(self, opcode: int, **kw: Any) -> tuple[int, bytes]:
         o = self.next_opaque()
-        return o, codec.request(opcode, opaque=o, **kw)  # type: ignore[arg-type]
+        return o, codec.request(opcode, opaque=o, **kw)
 
     def check(self, frame: Frame, what: str) -> Frame:
         if frame.status != Status.SUCCESS:
@@ -161,8 +166,8 @@ class WireClient:
         Returns which controls the server accepted (a refused control is not an error).
         """
         name = name or f"spark-dcp:{os.getpid()}:{secrets.token_hex(4)}"
-        reqs = [self.request(Opcode.HELLO, key=b"dcp-spark",
-                             value=b"".join(codec.U16.pack(f) for f in (0x07, 0x0B)))]
+        o = self.next_opaque()
+        reqs = [(o, codec.hello("dcp-spark", [0x07, 0x0B], opaque=o))]
         o = self.next_opaque()
         reqs.append((o, codec.dcp_open(name, flags, opaque=o)))
         keys = list(controls or {})
