@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from dcp.protocol import FrameReader, Opcode, codec
+from dcp.protocol.layout import MUTATION_EXTRAS
 from dcp.spark.arrow import to_record_batch
 from dcp.spark.changes import OP_ROLLBACK, Chunk
 from dcp.spark.errors import MergedSnapshotError, RollbackDetectedError
@@ -302,3 +303,19 @@ def test_a_range_ending_in_a_purged_tombstone_completes_without_a_later_change(t
         assert sorted(r[3] for r in rows) == sorted(f"k{i}".encode() for i in range(40) if i != 3)
     finally:
         s.stop()
+
+
+def _not_a_mutation(seqno: int):
+    """A response frame (magic 0x81) whose opcode byte is DCP_MUTATION's, with well-formed
+    mutation extras and the stream's opaque: not a change of the stream."""
+    return lambda o: codec.response(
+        Opcode.DCP_MUTATION, opaque=o, extras=MUTATION_EXTRAS.pack(seqno, 1, 0, 0, 0, 0, 0),
+        key=b"bogus", value=b"x")
+
+
+def test_a_frame_is_a_mutation_by_magic_and_opcode_not_by_opcode_alone():
+    p = _ScriptedProducer([
+        [_marker(1, 3), _mut(1), _not_a_mutation(2), _mut(2), _mut(3), _end],
+    ])
+    rows = _rows(list(read_ranges(_cfg(p.port), [VbRange(0, 7, 0, 3)], "test")))
+    assert [(r[1], r[3]) for r in rows] == [(1, b"k1"), (2, b"k2"), (3, b"k3")]
