@@ -1,40 +1,49 @@
-"""One client connection: a reader task, a writer task, an ordered response queue.
+"""One client connection: a reader task, a writer task, a timer task, an ordered
+response queue.
 
 Rules of this module:
-- The reader parses every complete frame of each ``receive_some`` and handles them
-  synchronously (``kv_handlers`` / ``dcp_handlers``); it never writes to the socket.
-  Framing is done inline (the same validation as ``dcp.protocol.FrameReader``: a header
-  is checked before its body is awaited) so that runs of plain SETs, the bulk of
-  pipelined ingest, go to ``kv_handlers.set_run`` without a ``Frame``; the answers of
-  one received chunk are queued as one response, in request order.
-- The writer is the only task that writes. Per wake-up it packs queued responses (in
-  request order) and then stream frames (round robin over ready streams, within the
-  flow-control window) into one buffer and makes one ``send_all``.
-- A durable write's response waits in the queue until its seqno is persisted; later
-  responses wait behind it (pipelined requests are answered in order).
+- The reader (``request_reader.read_requests``) parses and handles requests and queues
+  their answers; it never writes to the socket. The writer is the only task that
+  writes. Per wake-up it packs queued responses (in request order) and then stream
+  frames (round robin over ready streams, within the flow-control window) into one
+  buffer and makes one ``send_all``; an answer bigger than a batch is sent as it is.
+- Memory is bounded the way memcached bounds it: a connection whose unsent output
+  (queued answers + the buffer being sent, ``unsent_bytes``) is over
+  ``connection_output_cap`` has its input processing stopped, frame by frame, until the
+  writer drains it; long answers (STAT) are produced in steps against the same cap
+  (``run_continuation``); streams only produce when the writer asks. Server-wide,
+  ``total_output_cap`` is enforced by ``limits.guard_output``, which closes the
+  connections holding the most. A closed connection drops its queued output at once.
+- A durable write's response (``Pending``) waits in the queue until its seqno is
+  persisted or its deadline passes (then it becomes SYNC_WRITE_AMBIGUOUS, or ETMPFAIL
+  without XERROR); later responses wait behind it, never past that deadline. The writer
+  sleeps until the deadline of the entry that blocks it.
+- Limits (``_timers``, twice a second): a connection with no stream from which nothing
+  was read for ``kv_idle_timeout`` is closed; so is one whose incomplete frame
+  (``partial_since``) is older than ``partial_frame_timeout``; a DCP connection with
+  noops enabled is closed after ``idle_timeout`` without input.
 - Bad input never escapes this connection: a malformed frame gets EINVAL (or, when the
   byte stream itself is broken, the connection is closed); nothing here raises into the
   server's nursery except a bug.
-- Memory is bounded: the reader stops reading when queued output exceeds the cap, and
-  streams only produce when the writer asks.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import struct
+import math
 from collections import deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..protocol import codec
-from ..protocol.errors import RemoteProtocolError
-from ..protocol.frames import Frame, FrameReader
-from ..protocol.opcodes import Magic, Opcode, Status, StreamEndStatus
+from ..protocol.frames import FrameReader
+from ..protocol.opcodes import HelloFeature, Opcode, Status, StreamEndStatus
 from .active_stream import ActiveStream, StreamOptions
 from .buffer_log import BufferLog
+from .request_reader import read_requests
 
 if TYPE_CHECKING:
     from .server import DcpServer
@@ -43,22 +52,30 @@ __all__ = ["Connection", "Pending"]
 
 log = logging.getLogger("dcp.conn")
 _ids = itertools.count(1)
-_RECEIVE_SIZE = 256 * 1024
-_HDR = struct.Struct(">BBHBBHIIQ").unpack_from
-_KNOWN_MAGIC = frozenset(int(m) for m in Magic)
-_ALT_MAGIC = frozenset((int(Magic.ALT_REQUEST), int(Magic.ALT_RESPONSE)))
-_RESPONSES = frozenset((int(Magic.RESPONSE), int(Magic.ALT_RESPONSE)))
+_CONTINUATION_STEP = 32 * 1024
+
+
+def error_frame(opcode: int, status: int, opaque: int, message: str = "") -> bytes:
+    """An error response whose value carries a JSON error context (as memcached's
+    XERROR does) so operators and dissectors see why."""
+    value = codec.json_value({"error": {"context": message}}) if message else b""
+    return codec.response(opcode, status, opaque=opaque, value=value,
+                          datatype=1 if value else 0)
 
 
 class Pending:
-    """A response that may only be sent once ``vbid`` has persisted ``seqno``."""
+    """A response that may only be sent once ``vbid`` has persisted ``seqno``; at
+    ``deadline`` (trio time) ``late`` is sent instead."""
 
-    __slots__ = ("frame", "seqno", "vbid")
+    __slots__ = ("deadline", "frame", "late", "seqno", "vbid")
 
-    def __init__(self, vbid: int, seqno: int, frame: bytes) -> None:
+    def __init__(self, vbid: int, seqno: int, frame: bytes, deadline: float = math.inf,
+                 late: bytes = b"") -> None:
         self.vbid = vbid
         self.seqno = seqno
         self.frame = frame
+        self.deadline = deadline
+        self.late = late
 
 
 class Connection:
@@ -92,7 +109,13 @@ class Connection:
         self.ready: dict[ActiveStream, None] = {}
         # Output
         self._responses: deque[Any] = deque()  # bytes | Pending | ActiveStream (announce)
-        self._response_bytes = 0
+        self._response_bytes = 0  # queued, not yet taken by the writer
+        self._sending = 0  # the buffer the writer is sending
+        self._pending_durable = 0  # Pending entries in the queue
+        self._blocked_until = math.inf  # deadline of the Pending the writer waits on
+        self.continuation: Iterator[bytes] | None = None
+        #: when the first byte of the incomplete frame at the end of the input arrived
+        self.partial_since: float | None = None
         self._wake = trio.Event()
         self._space = trio.Event()
         self.closed = False
@@ -112,9 +135,19 @@ class Connection:
         self._response_bytes += len(frame)
         self._wake.set()
 
-    def respond_when_persisted(self, vbid: int, seqno: int, frame: bytes) -> None:
-        self._responses.append(Pending(vbid, seqno, frame))
+    def respond_when_persisted(self, vbid: int, seqno: int, frame: bytes, opcode: int,
+                               opaque: int, timeout: float) -> None:
+        """Queue ``frame`` for when ``seqno`` is persisted; ``timeout`` seconds from now
+        the answer becomes SYNC_WRITE_AMBIGUOUS (ETMPFAIL if the client did not ask for
+        extended errors): the write may or may not become durable."""
+        status = Status.SYNC_WRITE_AMBIGUOUS if HelloFeature.XERROR in self.features \
+            else Status.ETMPFAIL
+        late = error_frame(opcode, status, opaque,
+                           f"durability timeout: not persisted within {timeout:g} s")
+        self._responses.append(Pending(vbid, seqno, frame, trio.current_time() + timeout,
+                                       late))
         self._response_bytes += len(frame)
+        self._pending_durable += 1
         self._wake.set()
 
     def announce_stream(self, stream: ActiveStream) -> None:
@@ -123,11 +156,8 @@ class Connection:
         self._wake.set()
 
     def error(self, opcode: int, status: int, opaque: int, message: str = "") -> None:
-        """Queue an error response; the value carries a JSON error context (as memcached's
-        XERROR does) so operators and dissectors see why."""
-        value = codec.json_value({"error": {"context": message}}) if message else b""
-        self.respond(codec.response(opcode, status, opaque=opaque, value=value,
-                                    datatype=1 if value else 0))
+        """Queue an error response (see ``error_frame``)."""
+        self.respond(error_frame(opcode, status, opaque, message))
 
     def mark_ready(self, stream: ActiveStream) -> None:
         if stream.announced:
@@ -154,7 +184,7 @@ class Connection:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer)
                     nursery.start_soon(self._timers)
-                    await self._reader()
+                    await read_requests(self)
                     nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError) as eg:
             # The peer reset or closed while a task was mid-send/receive; the tasks'
@@ -162,6 +192,9 @@ class Connection:
             self.close_reason = self.close_reason or f"socket: {eg.exceptions[0]!r}"
         finally:
             self.closed = True
+            self._responses.clear()  # a shed or stalled connection frees its output now
+            self._response_bytes = self._sending = self._pending_durable = 0
+            self.continuation = None
             self._release_streams()
             self.server.connection_closed(self)
             with trio.CancelScope(shield=True):
@@ -177,148 +210,129 @@ class Connection:
         self.streams.clear()
         self.ready.clear()
 
-    async def _reader(self) -> None:
-        from .dcp_handlers import handle_response
-        from .dispatch import HANDLERS, unknown_command
-        from .kv_handlers import set_run
-
-        server = self.server
-        cap = server.config.connection_output_cap
-        max_body = self.reader.max_body_size
-        pending = b""  # the incomplete frame at the end of the last chunk
-        need = 24
-        while True:
-            while self._response_bytes > cap:
-                self._space = trio.Event()
-                await self._space.wait()
-            try:
-                data = await self.stream.receive_some(_RECEIVE_SIZE)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.close_reason = "connection reset"
-                return
-            if not data:
-                self.close_reason = self.close_reason or "client closed"
-                return
-            self.last_read = trio.current_time()
-            self.bytes_in += len(data)
-            buf = pending + data if pending else bytes(data)
-            n = len(buf)
-            if n < need:
-                pending = buf
-                continue
-            need = 24
-            pos = 0
-            count = 0
-            out = bytearray()  # answers of fast-path SETs, in order
-            refusal: str | None = None
-            try:
-                while n - pos >= 24:
-                    if buf[pos + 1] == 0x01 and buf[pos] == 0x80:  # a SET: maybe a run
-                        if refusal is None:
-                            refusal = server.write_refusal()
-                        if not refusal:
-                            pos_after, done = set_run(self, buf, pos, n, max_body, out)
-                            if done:
-                                count += done
-                                pos = pos_after
-                                continue
-                    magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
-                    if magic in _ALT_MAGIC:
-                        fel = kl >> 8
-                        kl &= 0xFF
-                    elif magic in _KNOWN_MAGIC:
-                        fel = 0
-                    else:
-                        raise RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
-                    if body > max_body:
-                        raise RemoteProtocolError(f"body of {body} bytes exceeds the limit of "
-                                                  f"{max_body} (opcode 0x{op:02x})")
-                    if fel + el + kl > body:
-                        raise RemoteProtocolError(
-                            f"framing extras {fel} + extras {el} + key {kl} exceed body length "
-                            f"{body} (opcode 0x{op:02x})")
-                    end = pos + 24 + body
-                    if end > n:
-                        need = 24 + body
-                        break
-                    count += 1
-                    if out:  # answers stay in request order
-                        self.respond(bytes(out))
-                        out = bytearray()
-                    a = pos + 24
-                    b = a + fel
-                    c = b + el
-                    d = c + kl
-                    frame = Frame(magic, op, dt, vb, opq, cas, buf[a:b] if fel else b"",
-                                  buf[b:c], buf[c:d], buf[d:end])
-                    pos = end
-                    if magic in _RESPONSES:
-                        handle_response(self, frame)
-                        continue
-                    handler = HANDLERS.get(op, unknown_command)
-                    try:
-                        handler(self, frame)
-                    except RemoteProtocolError as exc:
-                        self.error(op, Status.EINVAL, opq, str(exc))
-                    if self.closed:
-                        return
-            except RemoteProtocolError as exc:
-                # The byte stream can't be resynchronised: answer once, then close.
-                if out:
-                    self.respond(bytes(out))
-                log.warning("bad frame from id=%d peer=%s: %s", self.id, self.peer, exc)
-                self.error(0, Status.EINVAL, 0, str(exc))
-                await self._drain(1.0)
-                self.close_reason = f"protocol error: {exc}"
-                return
-            finally:
-                self.frames_in += count
-            if out:
-                self.respond(bytes(out))
-            pending = buf[pos:] if pos < n else b""
-            server.wake_dirty()
-
-    async def _drain(self, timeout: float) -> None:
+    async def drain(self, timeout: float) -> None:
         """Give the writer a moment to send what is queued (used before closing)."""
         self._wake.set()
         with trio.move_on_after(timeout):
             while self._responses:
                 await trio.sleep(0.01)
 
+    # ------------------------------------------------------------------ output cap
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Output this connection holds: queued answers and the buffer being sent."""
+        return self._response_bytes + self._sending
+
+    async def wait_for_output_space(self) -> None:
+        """Wait until the writer has drained below ``connection_output_cap``. The server
+        hears of it first: this connection may be one to shed (``total_output_cap``)."""
+        cap = self.server.config.connection_output_cap
+        if self.unsent_bytes > cap:
+            self.server.output_pressure()
+        while self.unsent_bytes > cap:
+            self._space = trio.Event()
+            await self._space.wait()
+
+    def continue_with(self, chunks: Iterator[bytes]) -> None:
+        """A handler's long answer: the reader queues ``chunks`` (``run_continuation``)
+        before it handles the next request."""
+        self.continuation = chunks
+
+    async def run_continuation(self) -> None:
+        """Queue the continuation's chunks, ~32 KiB at a time, yielding to the event
+        loop between them and waiting for the writer at the output cap, so a long STAT
+        neither stalls other clients nor grows past the cap."""
+        chunks = self.continuation
+        self.continuation = None
+        if chunks is None:
+            return
+        cap = self.server.config.connection_output_cap
+        batch = bytearray()
+        for chunk in chunks:
+            batch += chunk
+            if len(batch) >= _CONTINUATION_STEP:
+                self.respond(bytes(batch))
+                batch = bytearray()
+                if self.unsent_bytes > cap:
+                    await self.wait_for_output_space()
+                else:
+                    await trio.lowlevel.checkpoint()
+        if batch:
+            self.respond(bytes(batch))
+
     # ------------------------------------------------------------------ writer
 
     def _take_responses(self, buf: bytearray, limit: int) -> None:
         q = self._responses
         persisted = self.server.persisted_seqno
+        now = -1.0
+        self._blocked_until = math.inf
         while q and len(buf) < limit:
             entry = q[0]
             if entry.__class__ is bytes:
                 buf += entry
                 self._response_bytes -= len(entry)
             elif entry.__class__ is Pending:
-                if persisted(entry.vbid) < entry.seqno:
-                    break  # later responses wait: answers stay in request order
-                buf += entry.frame
+                if persisted(entry.vbid) >= entry.seqno:
+                    buf += entry.frame
+                else:
+                    if now < 0:
+                        now = trio.current_time()
+                    if now < entry.deadline:
+                        # later responses wait (answers stay in request order), but
+                        # only until this write's deadline: the writer wakes then
+                        self._blocked_until = entry.deadline
+                        break
+                    buf += entry.late
+                    self._durable_timed_out(entry)
                 self._response_bytes -= len(entry.frame)
+                self._pending_durable -= 1
             else:  # a stream whose OK response is now out: it may start sending
                 entry.announced = True
                 self.ready[entry] = None
             q.popleft()
-        if self._response_bytes <= self.server.config.connection_output_cap:
-            self._space.set()
+
+    def _durable_timed_out(self, entry: Pending) -> None:
+        metrics = self.server.metrics
+        if not metrics.durable_timeouts:
+            log.warning("durable write timed out id=%d peer=%s vb=%d seqno=%d (persisted "
+                        "%d): answered ambiguous; counted in durable_write_timeouts", self.id,
+                        self.peer, entry.vbid, entry.seqno,
+                        self.server.persisted_seqno(entry.vbid))
+        metrics.durable_timeouts += 1
 
     def has_pending_durable(self) -> bool:
-        return any(e.__class__ is Pending for e in self._responses)
+        return self._pending_durable > 0
+
+    async def _send(self, data: bytes | bytearray) -> None:
+        """Write ``data``; while it is being written it counts as unsent output."""
+        n = len(data)
+        self._sending = n
+        self.bytes_out += n
+        await self.stream.send_all(data)
+        self._sending = 0
+        self.server.metrics.bytes_sent(n)
+        if self._response_bytes <= self.server.config.connection_output_cap:
+            self._space.set()
 
     async def _writer(self) -> None:
         limit = self.server.config.send_batch_bytes
         bl = self.buffer_log
+        q = self._responses
         while True:
-            await self._wake.wait()
+            with trio.move_on_at(self._blocked_until):
+                await self._wake.wait()
             self._wake = trio.Event()
+            self._blocked_until = math.inf  # set again if a Pending still blocks
             while True:
+                if q and q[0].__class__ is bytes and len(q[0]) >= limit:
+                    big = q.popleft()  # a big answer (GET of a large value): no copy
+                    self._response_bytes -= len(big)
+                    await self._send(big)
+                    continue
                 buf = bytearray()
-                if self._responses:
+                if q:
                     self._take_responses(buf, limit)
                 if self.ready and bl.can_send():
                     for stream in list(self.ready):
@@ -331,9 +345,7 @@ class Connection:
                             self._stream_finished(stream)
                 if not buf:
                     break
-                self.bytes_out += len(buf)
-                await self.stream.send_all(buf)
-                self.server.metrics.bytes_sent(len(buf))
+                await self._send(buf)
 
     def _stream_finished(self, stream: ActiveStream) -> None:
         self.ready.pop(stream, None)
@@ -344,11 +356,27 @@ class Connection:
     # ------------------------------------------------------------------ timers
 
     async def _timers(self) -> None:
-        """DCP noops (once enabled and a stream exists) and the idle-client disconnect."""
+        """DCP noops (once enabled and a stream exists) and the connection limits (see
+        the module rules)."""
         cfg = self.server.config
+        metrics = self.server.metrics
         while True:
             await trio.sleep(min(self.noop_interval / 2, 0.5) if self.noop_enabled else 0.5)
             now = trio.current_time()
+            since = self.partial_since
+            if since is not None and now - since > cfg.partial_frame_timeout:
+                log.warning("incomplete frame from id=%d peer=%s for %.1f s (%s s allowed); "
+                            "closing", self.id, self.peer, now - since,
+                            f"{cfg.partial_frame_timeout:g}")
+                metrics.partial_frame_closed += 1
+                self.close("partial frame timeout")
+                return
+            if not self.streams and now - self.last_read > cfg.kv_idle_timeout:
+                log.info("idle connection id=%d peer=%s: nothing read for %.0f s and no "
+                         "streams; closing", self.id, self.peer, now - self.last_read)
+                metrics.idle_closed += 1
+                self.close("idle timeout (kv_idle_timeout)")
+                return
             if not self.noop_enabled or self.dcp_name is None:
                 continue
             if now - self.last_read > cfg.idle_timeout:

@@ -6,7 +6,12 @@ Rules of this module:
   caller), call the engine, queue exactly one response (STAT: a sequence ending with an
   empty one). Engine outcomes arrive as ``StatusError`` and become that status.
 - A durable write (durability frame info, a persist level) is answered only once its
-  seqno is persisted (``Connection.respond_when_persisted``).
+  seqno is persisted (``Connection.respond_when_persisted``), or at its deadline: the
+  frame info's timeout (ms, 0 = default) or ``durability_timeout``, after which it is
+  SYNC_WRITE_AMBIGUOUS (ETMPFAIL without XERROR). The reserved timeout 0xFFFF is
+  DURABILITY_INVALID_LEVEL, as memcached answers it.
+- STAT answers are produced lazily (``stats.stat_units`` through
+  ``Connection.continue_with``): a group over every vbucket is encoded in steps.
 - Writes are refused with ETMPFAIL while storage is failing or checkpoint memory is far
   over quota: accepting them would only grow memory that cannot be flushed.
 - ``set_run`` is the pipelined-ingest path the connection's reader takes for a run of
@@ -21,13 +26,21 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..protocol import codec
 from ..protocol.errors import RemoteProtocolError, StatusError
-from ..protocol.frames import Frame
-from ..protocol.opcodes import DurabilityLevel, HelloFeature, Opcode, Status, VBucketState
-from .stats import stat_pairs
+from ..protocol.frames import Frame, parse_frame_infos
+from ..protocol.opcodes import (
+    DurabilityLevel,
+    FrameInfoId,
+    HelloFeature,
+    Opcode,
+    Status,
+    VBucketState,
+)
+from .stats import Pairs, stat_units
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -105,24 +118,40 @@ def _writable(conn: Connection, f: Frame) -> bool:
     return True
 
 
-def _finish_write(conn: Connection, f: Frame, vbid: int, result: object) -> None:
+def _durability(f: Frame) -> tuple[int, int]:
+    """(level, timeout in ms; 0 = the server default) of the frame's durability info.
+    ``codec.parse_durability`` validates the frame infos and the payload size."""
     level = codec.parse_durability(f)
+    if level == DurabilityLevel.NONE:
+        return level, 0
+    for fid, data in parse_frame_infos(f.framing_extras):
+        if fid == FrameInfoId.DURABILITY:
+            return level, codec.U16.unpack_from(data, 1)[0] if len(data) == 3 else 0
+    return level, 0
+
+
+def _finish_write(conn: Connection, f: Frame, vbid: int, result: object) -> None:
+    level, timeout_ms = _durability(f)
     frame = _write_response(conn, f, result)
     conn.server.metrics.op(f.opcode)
     if level in _PERSIST_LEVELS:
-        conn.respond_when_persisted(vbid, result.seqno, frame)  # type: ignore[attr-defined]
+        timeout = timeout_ms / 1000 if timeout_ms else conn.server.config.durability_timeout
+        conn.respond_when_persisted(vbid, result.seqno, frame,  # type: ignore[attr-defined]
+                                    f.opcode, f.opaque, timeout)
         conn.server.want_flush()
-    elif level in (DurabilityLevel.NONE, DurabilityLevel.MAJORITY):
-        conn.respond(frame)
-    else:  # unreachable: validated before the write
+    else:  # NONE and MAJORITY (one node: the write is in memory, as a majority's is)
         conn.respond(frame)
 
 
 def _durability_ok(conn: Connection, f: Frame) -> bool:
-    level = codec.parse_durability(f)
+    level, timeout_ms = _durability(f)
     if level > DurabilityLevel.PERSIST_TO_MAJORITY:
         conn.error(f.opcode, Status.DURABILITY_INVALID_LEVEL, f.opaque,
                    f"durability level {level} is not defined")
+        return False
+    if timeout_ms == 0xFFFF:
+        conn.error(f.opcode, Status.DURABILITY_INVALID_LEVEL, f.opaque,
+                   "durability timeout 0xffff is reserved")
         return False
     return True
 
@@ -213,6 +242,9 @@ def delete(conn: Connection, f: Frame) -> None:
 
 def get(conn: Connection, f: Frame) -> None:
     key = _check_key(f)
+    if f.extras or f.value:
+        raise RemoteProtocolError(f"GET must have no extras and no value (extras "
+                                  f"{len(f.extras)} bytes, value {len(f.value)} bytes)")
     if not _routed(conn, f, key):
         return
     try:
@@ -228,17 +260,23 @@ def get(conn: Connection, f: Frame) -> None:
 def stat(conn: Connection, f: Frame) -> None:
     group = bytes(f.key).decode("utf-8", "replace").strip()
     try:
-        pairs = stat_pairs(conn.server, group)
+        units = stat_units(conn.server, group)
     except KeyError as exc:
         conn.error(Opcode.STAT, Status.KEY_ENOENT, f.opaque, f"unknown stat group {exc}")
         return
     except ValueError as exc:
         conn.error(Opcode.STAT, Status.EINVAL, f.opaque, str(exc))
         return
-    parts = [codec.response(Opcode.STAT, opaque=f.opaque, key=k.encode(), value=str(v).encode())
-             for k, v in pairs]
-    parts.append(codec.response(Opcode.STAT, opaque=f.opaque))
-    conn.respond(b"".join(parts))
+    conn.continue_with(_stat_frames(units, f.opaque))
+
+
+def _stat_frames(units: Iterator[Pairs], opaque: int) -> Iterator[bytes]:
+    """One chunk of STAT answers per unit, then the empty answer that ends the group."""
+    response = codec.response
+    for pairs in units:
+        yield b"".join(response(Opcode.STAT, opaque=opaque, key=k.encode(),
+                                value=str(v).encode()) for k, v in pairs)
+    yield response(Opcode.STAT, opaque=opaque)
 
 
 def get_all_vb_seqnos(conn: Connection, f: Frame) -> None:

@@ -37,6 +37,18 @@ class ServerMetrics:
         self.flush_errors = 0
         self.items_persisted = 0
         self.connections_total = 0
+        #: Connections closed at accept because ``max_connections`` were open.
+        self.connections_refused = 0
+        #: accept() failures for lack of descriptors or memory (EMFILE, ENFILE...).
+        self.accept_errors = 0
+        #: Connections closed because all output together went over ``total_output_cap``.
+        self.connections_shed = 0
+        #: KV connections closed by ``kv_idle_timeout``.
+        self.idle_closed = 0
+        #: Connections closed because a frame stayed incomplete (``partial_frame_timeout``).
+        self.partial_frame_closed = 0
+        #: Durable writes answered SYNC_WRITE_AMBIGUOUS / ETMPFAIL at their deadline.
+        self.durable_timeouts = 0
 
     def op(self, opcode: int) -> None:
         self.ops[opcode] += 1
@@ -78,6 +90,22 @@ class MetricsCollector:
                                   value=m.flush_errors)
         yield CounterMetricFamily("dcp_connections_accepted", "Connections accepted",
                                   value=m.connections_total)
+        yield CounterMetricFamily("dcp_connections_refused", "Connections refused at accept: "
+                                  "max_connections were open", value=m.connections_refused)
+        yield CounterMetricFamily("dcp_accept_errors", "accept() failures (out of file "
+                                  "descriptors or memory)", value=m.accept_errors)
+        closed = CounterMetricFamily("dcp_connections_closed_by_limit", "Connections the "
+                                     "server closed to enforce a limit", labels=["limit"])
+        closed.add_metric(["total_output_cap"], m.connections_shed)
+        closed.add_metric(["kv_idle_timeout"], m.idle_closed)
+        closed.add_metric(["partial_frame_timeout"], m.partial_frame_closed)
+        yield closed
+        yield CounterMetricFamily("dcp_durable_write_timeouts", "Durable writes answered "
+                                  "ambiguous (or ETMPFAIL) at their durability timeout",
+                                  value=m.durable_timeouts)
+        yield GaugeMetricFamily("dcp_output_bytes", "Output queued or being sent to all "
+                                "connections (bounded by total_output_cap)",
+                                value=s.output_bytes())
         if s.bucket is None:
             return
         b = s.bucket

@@ -7,6 +7,9 @@ Rules of this module:
 - The engine is touched only from the trio thread, except the blocking storage calls
   that the engine marks as such (``write_batch``, backfill scans), which run in worker
   threads. Every storage write goes through the flusher loop, one at a time.
+- Connections are accepted by ``limits.accept_connections`` (``max_connections``, accept
+  back-off) and their total output is bounded by ``limits.guard_output``
+  (``total_output_cap``); both run in this server's nurseries.
 - Sockets never reach the engine; the engine never sees trio. Wake-ups are batched: the
   engine listener only records dirty vbuckets, and ``wake_dirty`` marks their streams
   ready once per batch of requests.
@@ -29,6 +32,7 @@ from ..protocol.opcodes import StreamEndStatus
 from .active_stream import ActiveStream
 from .config import ServerConfig
 from .connection import Connection
+from .limits import accept_connections, guard_output
 from .metrics import ServerMetrics, serve_metrics
 from .tasks import run_backfill, run_compaction, run_expiry, run_flusher, run_housekeeping
 
@@ -69,6 +73,8 @@ class DcpServer:
         self._storage_lock = trio.Lock()
         self._backfill_limiter = trio.CapacityLimiter(self.config.max_concurrent_backfills)
         self._conn_backfill_slots: dict[int, trio.CapacityLimiter] = {}
+        #: set when a connection reaches its output cap (``limits.guard_output`` waits)
+        self.output_event = trio.Event()
         self._shutdown = trio.Event()
         self._stopped = trio.Event()
         self._bg: trio.Nursery | None = None
@@ -114,6 +120,7 @@ class DcpServer:
                 bg.start_soon(run_expiry, self)
                 bg.start_soon(run_compaction, self)
                 bg.start_soon(run_housekeeping, self)
+                bg.start_soon(guard_output, self)
                 if self.config.metrics_port:
                     await bg.start(serve_metrics, self, self.config.metrics_port)
                 async with trio.open_nursery() as conns:
@@ -142,12 +149,10 @@ class DcpServer:
 
     async def _accept(self, listeners: list[trio.SocketListener], conns: trio.Nursery) -> None:
         with self._accept_scope:
-            await trio.serve_listeners(self._handle, listeners, handler_nursery=conns)
+            await accept_connections(self, listeners, conns)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        conn = Connection(self, stream)
-        self.connections.add(conn)
-        self.metrics.connections_total += 1
+    async def serve_connection(self, conn: Connection) -> None:
+        """Run one accepted connection (``limits`` has added it to ``connections``)."""
         try:
             await conn.run()
         except Exception:  # a bug in one connection must not stop the server for all
@@ -198,9 +203,15 @@ class DcpServer:
             pass
 
     async def _final_flush(self) -> None:
-        """Persist everything acknowledged before stopping. A full LMDB map must not turn
-        a graceful stop into data loss: grow the map (it is a sparse file) until the queue
-        fits, and say so; only a real I/O failure leaves the shutdown unclean."""
+        """Persist everything acknowledged before stopping.
+
+        A full LMDB *map* (``StorageFullError``) must not turn a graceful stop into data
+        loss: grow the map (a sparse file: growing costs no disk) until the queue fits,
+        and say so. A full disk (``DiskFullError``, ENOSPC) or an I/O error (EIO) is not
+        a full map: growing cannot help and would only reserve address space the disk
+        does not have, so the flush gives up at once. Whatever the cause, an incomplete
+        flush leaves the shutdown unclean (``clean_shutdown`` False), which
+        ``dcp-server`` reports with a non-zero exit code (docs/operations.md)."""
         from .engine import StorageError, StorageFullError
 
         storage = self.bucket.storage
@@ -210,8 +221,8 @@ class DcpServer:
                 return
             except StorageFullError:
                 new_size = storage.map_size * 2
-                log.warning("storage full at shutdown: growing the LMDB map to %d bytes to "
-                            "persist %d acknowledged items", new_size,
+                log.warning("LMDB map full at shutdown: growing it to %d bytes to persist "
+                            "%d acknowledged items", new_size,
                             self.bucket.flusher.pending_items())
                 try:
                     await trio.to_thread.run_sync(storage.grow_map, new_size)
@@ -221,6 +232,9 @@ class DcpServer:
             except StorageError as exc:
                 log.error("final flush failed: %s", exc)
                 break
+        log.error("shutdown could not persist everything: %d acknowledged items (up to) are "
+                  "lost; the next start treats this stop as a crash",
+                  self.bucket.flusher.pending_items())
         self.clean_shutdown = False
 
     def want_flush(self) -> None:
@@ -234,6 +248,14 @@ class DcpServer:
     def resume_persistence(self) -> None:
         self.persistence_paused = False
         self._flush_event.set()
+
+    def output_pressure(self) -> None:
+        """A connection reached its output cap: check the server-wide bound now."""
+        self.output_event.set()
+
+    def output_bytes(self) -> int:
+        """Output all connections hold (queued answers and buffers being sent)."""
+        return sum(c.unsent_bytes for c in self.connections)
 
     def persisted_seqno(self, vbid: int) -> int:
         return self.bucket.vbucket(vbid).persisted_seqno
@@ -281,6 +303,9 @@ class DcpServer:
         s = self._streams_by_vb.get(stream.vbid)
         if s is not None:
             s.discard(stream)
+
+    def streams_of(self, vbid: int) -> list[ActiveStream]:
+        return list(self._streams_by_vb.get(vbid, ()))
 
     def streams(self) -> list[ActiveStream]:
         return [s for ss in self._streams_by_vb.values() for s in ss]

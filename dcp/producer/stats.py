@@ -2,7 +2,15 @@
 
 Rules of this module: read-only views of server state as ``(key, value)`` pairs. An
 unknown group raises ``KeyError`` (-> KEY_ENOENT), a bad argument ``ValueError``
-(-> EINVAL). ``dcpctl`` and tests read these; cbstats-style tools can too.
+(-> EINVAL), both from ``stat_units`` itself, before any pair is produced. ``dcpctl`` and
+tests read these; cbstats-style tools can too.
+
+A group is produced lazily, in *units* (the pairs of one vbucket, one connection...):
+``stat_units`` returns an iterator of lists, and the connection encodes and queues one
+unit at a time, yielding to the event loop between them and pausing at its output cap
+(``Connection.run_continuation``). A group over 1024 vbuckets is thus never built in
+one go while other clients wait. A unit is built without yielding, so it is a
+consistent view of its vbucket or connection; different units may be moments apart.
 
 Groups: ``""`` (general), ``vbucket``, ``vbucket-seqno [vb]``, ``failovers [vb]``,
 ``checkpoint [vb]``, ``dcp``, ``dcp-streams`` (one JSON value per stream, for tools).
@@ -19,12 +27,15 @@ Cursor and stream names may contain ``:``; the field is always after the last on
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .server import DcpServer
 
-__all__ = ["stat_pairs"]
+__all__ = ["stat_pairs", "stat_units"]
+
+Pairs = list[tuple[str, Any]]
 
 
 def _vbuckets(server: DcpServer, arg: str) -> range | list[int]:
@@ -40,13 +51,24 @@ def _vbuckets(server: DcpServer, arg: str) -> range | list[int]:
     return [vb]
 
 
-def _general(server: DcpServer) -> list[tuple[str, Any]]:
+def _general(server: DcpServer) -> Iterator[Pairs]:
     b = server.bucket
     conns = server.connections
-    return [
+    m = server.metrics
+    yield [
         ("version", "0.1.0"),
         ("uptime", int(server.uptime())),
         ("curr_connections", len(conns)),
+        ("max_connections", server.config.max_connections),
+        ("total_connections", m.connections_total),
+        ("rejected_conns", m.connections_refused),
+        ("accept_errors", m.accept_errors),
+        ("conns_closed_output_memory", m.connections_shed),
+        ("conns_closed_idle", m.idle_closed),
+        ("conns_closed_partial_frame", m.partial_frame_closed),
+        ("output_bytes", server.output_bytes()),
+        ("total_output_cap", server.config.total_output_cap),
+        ("durable_write_timeouts", m.durable_timeouts),
         ("ep_dcp_count", sum(1 for c in conns if c.dcp_name)),
         ("ep_num_vbuckets", b.num_vbuckets),
         ("ep_checkpoint_memory", b.checkpoint_memory()),
@@ -54,125 +76,125 @@ def _general(server: DcpServer) -> list[tuple[str, Any]]:
         ("ep_checkpoint_memory_retained", b.checkpoint_retained()),
         ("ep_queue_size", b.flusher.pending_items()),
         ("ep_storage_error", server.storage_error or ""),
-        ("ep_rollbacks_answered", server.metrics.rollbacks),
+        ("ep_rollbacks_answered", m.rollbacks),
         ("ep_cursors_dropped", b.cursors_dropped),
     ]
 
 
-def _vbucket_seqno(server: DcpServer, arg: str) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for vb in _vbuckets(server, arg):
-        for k, v in server.bucket.vbucket(vb).stats_seqno().items():
-            out.append((f"vb_{vb}:{k}", v))
-    return out
+def _vbucket_seqno(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+    for vb in vbs:
+        yield [(f"vb_{vb}:{k}", v) for k, v in server.bucket.vbucket(vb).stats_seqno().items()]
 
 
-def _failovers(server: DcpServer, arg: str) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for vb in _vbuckets(server, arg):
+def _failovers(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+    for vb in vbs:
         entries = list(server.bucket.vbucket(vb).failover_log.entries)
-        out.append((f"vb_{vb}:num_entries", len(entries)))
+        out: Pairs = [(f"vb_{vb}:num_entries", len(entries))]
         for i, (uuid, seqno) in enumerate(entries):
             out.append((f"vb_{vb}:{i}:id", uuid))
             out.append((f"vb_{vb}:{i}:seq", seqno))
+        yield out
+
+
+def _checkpoint(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+    for vb in vbs:
+        yield _checkpoint_of(server, vb)
+
+
+def _checkpoint_of(server: DcpServer, vb: int) -> Pairs:
+    out: Pairs = []
+    v = server.bucket.vbucket(vb)
+    mgr = v.checkpoints
+    p = f"vb_{vb}:"
+    out.extend((p + k, val) for k, val in mgr.stats().items())
+    high = v.high_seqno
+    out.append((p + "high_seqno", high))
+    out.append((p + "persisted_seqno", v.persisted_seqno))
+    for ck in mgr.checkpoints:
+        c = f"{p}ckpt:{ck.id}:"
+        out.append((c + "state", "closed" if ck.closed else "open"))
+        out.append((c + "start_seqno", ck.start_seqno))
+        out.append((c + "last_seqno", ck.last_seqno))
+        out.append((c + "num_items", ck.num_items))
+        out.append((c + "num_slots", len(ck.items)))
+        out.append((c + "mem_usage", ck.mem))
+        out.append((c + "num_cursors", ck.num_cursors))
+    for cur in mgr.cursors:
+        c = f"{p}cursor:{cur.name}:"
+        out.append((c + "offset", cur.position[1]))
+        out.append((c + "lag", max(0, high - cur.last_seqno)))
+    for s in server.streams_of(vb):
+        dropped_now = bool(s.cursor is not None and s.cursor.dropped)
+        if not (s.cursor_drops or dropped_now):
+            continue
+        c = f"{p}stream:{s.name}:"
+        out.append((c + "cursor_drops", s.cursor_drops))
+        out.append((c + "cursor_dropped", "true" if dropped_now else "false"))
+        out.append((c + "state", s.state.value))
+        out.append((c + "last_sent_seqno", s.last_sent_seqno))
+        out.append((c + "lag", max(0, high - s.last_sent_seqno)))
     return out
 
 
-def _checkpoint(server: DcpServer, arg: str) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    streams_by_vb: dict[int, list[Any]] = {}
-    for s in server.streams():
-        streams_by_vb.setdefault(s.vbid, []).append(s)
-    for vb in _vbuckets(server, arg):
-        v = server.bucket.vbucket(vb)
-        mgr = v.checkpoints
-        p = f"vb_{vb}:"
-        out.extend((p + k, val) for k, val in mgr.stats().items())
-        high = v.high_seqno
-        out.append((p + "high_seqno", high))
-        out.append((p + "persisted_seqno", v.persisted_seqno))
-        for ck in mgr.checkpoints:
-            c = f"{p}ckpt:{ck.id}:"
-            out.append((c + "state", "closed" if ck.closed else "open"))
-            out.append((c + "start_seqno", ck.start_seqno))
-            out.append((c + "last_seqno", ck.last_seqno))
-            out.append((c + "num_items", ck.num_items))
-            out.append((c + "num_slots", len(ck.items)))
-            out.append((c + "mem_usage", ck.mem))
-            out.append((c + "num_cursors", ck.num_cursors))
-        for cur in mgr.cursors:
-            c = f"{p}cursor:{cur.name}:"
-            out.append((c + "offset", cur.position[1]))
-            out.append((c + "lag", max(0, high - cur.last_seqno)))
-        for s in streams_by_vb.get(vb, ()):
-            dropped_now = bool(s.cursor is not None and s.cursor.dropped)
-            if not (s.cursor_drops or dropped_now):
-                continue
-            c = f"{p}stream:{s.name}:"
-            out.append((c + "cursor_drops", s.cursor_drops))
-            out.append((c + "cursor_dropped", "true" if dropped_now else "false"))
-            out.append((c + "state", s.state.value))
-            out.append((c + "last_sent_seqno", s.last_sent_seqno))
-            out.append((c + "lag", max(0, high - s.last_sent_seqno)))
-    return out
+def _vbucket(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+    for vb in vbs:
+        yield [(f"vb_{vb}", server.bucket.vbucket(vb).state.name.lower())]
 
 
-def _vbucket(server: DcpServer, arg: str) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for vb in _vbuckets(server, arg):
-        out.append((f"vb_{vb}", server.bucket.vbucket(vb).state.name.lower()))
-    return out
-
-
-def _dcp(server: DcpServer) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
+def _dcp(server: DcpServer) -> Iterator[Pairs]:
     producers = [c for c in server.connections if c.dcp_name]
-    out.append(("ep_dcp_count", len(producers)))
-    out.append(("ep_dcp_producer_count", len(producers)))
-    out.append(("ep_dcp_total_bytes", server.metrics.bytes_out))
-    out.append(("ep_dcp_stream_count", sum(len(c.streams) for c in producers)))
+    yield [
+        ("ep_dcp_count", len(producers)),
+        ("ep_dcp_producer_count", len(producers)),
+        ("ep_dcp_total_bytes", server.metrics.bytes_out),
+        ("ep_dcp_stream_count", sum(len(c.streams) for c in producers)),
+    ]
     for c in producers:
         prefix = f"eq_dcpq:{c.dcp_name}"
-        for k, v in c.statistics().items():
-            out.append((f"{prefix}:{k}", v))
-        for s in c.streams.values():
+        out: Pairs = [(f"{prefix}:{k}", v) for k, v in c.statistics().items()]
+        for s in list(c.streams.values()):
             for k, v in s.statistics().items():
                 out.append((f"{prefix}:stream_{s.vbid}_{k}", v))
-    return out
+        yield out
 
 
-def _dcp_streams(server: DcpServer) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for c in server.connections:
-        if not c.dcp_name:
-            continue
+def _dcp_streams(server: DcpServer) -> Iterator[Pairs]:
+    for c in [c for c in server.connections if c.dcp_name]:
         conn_stats = c.statistics()
-        out.append((f"conn:{c.id}", json.dumps(conn_stats, sort_keys=True)))
-        for s in c.streams.values():
+        out: Pairs = [(f"conn:{c.id}", json.dumps(conn_stats, sort_keys=True))]
+        for s in list(c.streams.values()):
             st = s.statistics()
             st["connection"] = c.dcp_name
             st["connection_id"] = c.id
             st["high_seqno"] = s.vbucket.high_seqno
             st["lag"] = max(0, s.vbucket.high_seqno - s.last_sent_seqno)
             out.append((f"stream:{c.id}:{s.vbid}", json.dumps(st, sort_keys=True)))
-    return out
+        yield out
 
 
-def stat_pairs(server: DcpServer, group: str) -> list[tuple[str, Any]]:
+_PER_VBUCKET = {
+    "vbucket-seqno": _vbucket_seqno,
+    "failovers": _failovers,
+    "checkpoint": _checkpoint,
+    "vbucket": _vbucket,
+}
+_WHOLE = {"": _general, "dcp": _dcp, "dcp-streams": _dcp_streams}
+
+
+def stat_units(server: DcpServer, group: str) -> Iterator[Pairs]:
+    """The pairs of ``group``, one unit at a time (see the module rules). Raises
+    ``KeyError`` / ``ValueError`` at once, not when iterated."""
     name, _, arg = group.partition(" ")
     arg = arg.strip()
-    if name == "":
-        return _general(server)
-    if name == "vbucket-seqno":
-        return _vbucket_seqno(server, arg)
-    if name == "failovers":
-        return _failovers(server, arg)
-    if name == "checkpoint":
-        return _checkpoint(server, arg)
-    if name == "vbucket":
-        return _vbucket(server, arg)
-    if name == "dcp":
-        return _dcp(server)
-    if name == "dcp-streams":
-        return _dcp_streams(server)
-    raise KeyError(name)
+    per_vb = _PER_VBUCKET.get(name)
+    if per_vb is not None:
+        return per_vb(server, _vbuckets(server, arg))
+    whole = _WHOLE.get(name)
+    if whole is None:
+        raise KeyError(name)
+    return whole(server)
+
+
+def stat_pairs(server: DcpServer, group: str) -> Pairs:
+    """All pairs of ``group`` at once (in-process callers; the wire uses ``stat_units``)."""
+    return [pair for unit in stat_units(server, group) for pair in unit]

@@ -1,0 +1,125 @@
+"""Server-wide connection limits: the accept loop and the output-memory guard.
+
+Rules of this module:
+- ``accept_connections`` runs one accept loop per listener in the caller's nursery and
+  starts each connection's task in the connection nursery (the server's nursery owns
+  every task). A connection over ``max_connections`` is closed at once, before any byte
+  is read, and counted (``rejected_conns`` in STAT, ``dcp_connections_refused``).
+- Running out of descriptors or memory at accept (EMFILE, ENFILE, ENOBUFS, ENOMEM) is
+  not a bug: the loop backs off (doubling up to ``_MAX_BACKOFF``) and logs at most once
+  per ``_LOG_INTERVAL`` with the number of failures since, instead of a traceback per
+  attempt. The waiting connection stays in the kernel's backlog meanwhile.
+- ``guard_output`` keeps the output all connections hold (``Connection.unsent_bytes``)
+  within ``total_output_cap``: over it, the connections holding the most are closed,
+  worst first, until the rest fit, each with a log line and a count
+  (``conns_closed_output_memory``). It runs when a connection reaches its own cap
+  (``DcpServer.output_pressure``) and four times a second.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from .connection import Connection
+
+if TYPE_CHECKING:
+    from .server import DcpServer
+
+__all__ = ["accept_connections", "guard_output", "shed_output"]
+
+log = logging.getLogger("dcp.server")
+
+_RESOURCE_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+_LOG_INTERVAL = 10.0
+_MIN_BACKOFF = 0.05
+_MAX_BACKOFF = 1.0
+_GUARD_PERIOD = 0.25
+
+
+async def accept_connections(server: DcpServer, listeners: list[trio.SocketListener],
+                             conns: trio.Nursery) -> None:
+    """Accept on every listener until cancelled; connections run in ``conns``."""
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            nursery.start_soon(_accept_loop, server, listener, conns)
+
+
+async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
+                       conns: trio.Nursery) -> None:
+    metrics = server.metrics
+    backoff = _MIN_BACKOFF
+    failures = 0  # since the last log line
+    logged_at = -_LOG_INTERVAL
+    refused_logged_at = -_LOG_INTERVAL
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _RESOURCE_ERRNOS:
+                    raise
+                metrics.accept_errors += 1
+                failures += 1
+                now = trio.current_time()
+                if now - logged_at >= _LOG_INTERVAL:
+                    log.error("cannot accept connections: %s (%d failures since the last "
+                              "report; retrying, at most every %.1f s)",
+                              exc.strerror or exc, failures, _MAX_BACKOFF)
+                    logged_at = now
+                    failures = 0
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+                continue
+            backoff = _MIN_BACKOFF
+            if len(server.connections) >= server.config.max_connections:
+                metrics.connections_refused += 1
+                now = trio.current_time()
+                if now - refused_logged_at >= _LOG_INTERVAL:
+                    log.warning("refusing connections: max_connections=%d are open "
+                                "(%d refused so far)", server.config.max_connections,
+                                metrics.connections_refused)
+                    refused_logged_at = now
+                await trio.aclose_forcefully(stream)
+                continue
+            conn = Connection(server, stream)
+            # counted now, not when its task starts: a burst of accepts cannot overshoot
+            server.connections.add(conn)
+            metrics.connections_total += 1
+            conns.start_soon(server.serve_connection, conn)
+
+
+def shed_output(server: DcpServer) -> int:
+    """Close the connections holding the most output until all output fits within
+    ``total_output_cap``; returns how many were closed."""
+    cap = server.config.total_output_cap
+    live = [c for c in server.connections if not c.closed]
+    total = sum(c.unsent_bytes for c in live)
+    if total <= cap:
+        return 0
+    closed = 0
+    for conn in sorted(live, key=lambda c: c.unsent_bytes, reverse=True):
+        held = conn.unsent_bytes
+        if total <= cap or not held:
+            break
+        log.warning("output memory %d bytes is over total_output_cap=%d: closing id=%d "
+                    "peer=%s name=%s, which holds %d unsent bytes", total, cap, conn.id,
+                    conn.peer, conn.dcp_name, held)
+        server.metrics.connections_shed += 1
+        conn.close(f"output memory over total_output_cap ({held} unsent bytes)")
+        total -= held
+        closed += 1
+    return closed
+
+
+async def guard_output(server: DcpServer) -> None:
+    """Run ``shed_output`` when asked (``output_pressure``) and periodically."""
+    while True:
+        with trio.move_on_after(_GUARD_PERIOD):
+            await server.output_event.wait()
+        server.output_event = trio.Event()
+        shed_output(server)
+        await trio.sleep(0.005)  # many connections at their cap: one pass serves them all
