@@ -1,25 +1,27 @@
 """A short-lived raw connection to a live server, for STAT and discovery requests.
 
 Rules of this module:
-- The SDK has no STAT call, so this speaks the wire directly, but only through
-  ``dcp.protocol`` (``codec`` builders, ``FrameReader``): no hand-made bytes.
+- The SDK has no STAT call, so this speaks the wire directly, as an I/O shell over a
+  ``dcp.protocol`` ``ClientSession`` (requests, opaques, decoding, answer matching):
+  no hand-made bytes.
 - One connection per command, opened within ``timeout`` seconds. Requests are pipelined
   in one write and their answers matched by opaque; a STAT answer is the run of
-  responses ending with an empty key.
+  responses ending with an empty key (the session keeps matching until then).
 - Every failure is a ``CtlError`` with one line: unreachable server, timeout, connection
   closed, or the status the server answered with its error context.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 from types import TracebackType
 from typing import Any
 
 import trio
 
-from ..protocol import Frame, FrameReader, Opcode, RemoteProtocolError, Status, codec
+from ..protocol import Frame, Opcode, RemoteProtocolError, Status, codec
+from ..protocol.events import Answer
+from ..protocol.session import ClientSession
 from .output import CtlError
 
 __all__ = ["Remote", "error_context", "os_error_text"]
@@ -63,9 +65,7 @@ class Remote:
         self.port = port
         self.timeout = timeout
         self._stream: trio.SocketStream | None = None
-        self._reader = FrameReader()
-        self._opaques = itertools.count(1)
-        self._stash: list[Frame] = []
+        self._proto = ClientSession()
 
     @property
     def where(self) -> str:
@@ -92,7 +92,8 @@ class Remote:
 
     async def _exchange(self, requests: list[tuple[int, bytes]],
                         is_last: Any) -> dict[int, list[Frame]]:
-        """Send ``requests`` in one write; collect frames per opaque until ``is_last``."""
+        """Send ``requests`` (built by the session) in one write; collect answers per
+        opaque until ``is_last``."""
         assert self._stream is not None
         want = {o for o, _ in requests}
         got: dict[int, list[Frame]] = {o: [] for o in want}
@@ -103,12 +104,11 @@ class Remote:
                     data = await self._stream.receive_some(1 << 16)
                     if not data:
                         raise CtlError(f"{self.where} closed the connection")
-                    self._reader.feed(data)
-                    for f in self._reader.read_frames():
-                        if f.opaque in want and f.is_response:
-                            got[f.opaque].append(f)
-                            if is_last(f):
-                                want.discard(f.opaque)
+                    for e in self._proto.receive_data(data):
+                        if type(e) is Answer and e.opaque in want:
+                            got[e.opaque].append(e.result)
+                            if is_last(e.result):
+                                want.discard(e.opaque)
         except trio.TooSlowError:
             raise CtlError(f"{self.where} did not answer within {self.timeout:g} s") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -128,10 +128,7 @@ class Remote:
 
     async def stats(self, *groups: str) -> list[list[tuple[str, str]]]:
         """The pairs of each STAT group, pipelined; raises on the first refused group."""
-        reqs = []
-        for g in groups:
-            o = next(self._opaques)
-            reqs.append((o, codec.request(Opcode.STAT, opaque=o, key=g.encode())))
+        reqs = [self._proto.request(Opcode.STAT, stat=True, key=g.encode()) for g in groups]
         got = await self._exchange(reqs, lambda f: not f.key or f.status != Status.SUCCESS)
         out = []
         for (o, _), g in zip(reqs, groups, strict=True):
@@ -158,9 +155,8 @@ class Remote:
 
     async def all_vb_seqnos(self) -> dict[int, int]:
         """High seqno of every vbucket that is not dead (GET_ALL_VB_SEQNOS)."""
-        o = next(self._opaques)
-        got = await self._exchange([(o, codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=o))],
-                                   lambda f: True)
+        o, req = self._proto.request(Opcode.GET_ALL_VB_SEQNOS)
+        got = await self._exchange([(o, req)], lambda f: True)
         (f,) = got[o]
         self._check(f, "GET_ALL_VB_SEQNOS")
         try:
