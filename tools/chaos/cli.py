@@ -6,11 +6,13 @@ Scenarios (each bounded in time and count, loopback only, stops by itself)::
     .venv/bin/python -m tools.chaos fuzz    [--frames 1000000 --connections 4 ...]
     .venv/bin/python -m tools.chaos slow    [--seconds 20 --quota-mib 8 ...]
     .venv/bin/python -m tools.chaos storage [--map-mib 2 ...]
+    .venv/bin/python -m tools.chaos abuse   [--short --value-mib 20 --gets 100 ...]
     .venv/bin/python -m tools.chaos all     (every scenario with its defaults)
 
 Each prints a JSON report (also written to ``WORKDIR/<scenario>/report.json``) and exits
 1 when the report has divergences, crashes or errors. The scenario functions
-(``run_crash``, ``run_fuzz``, ``run_slow``, ``run_storage``) are importable for tests.
+(``run_crash``, ``run_fuzz``, ``run_slow``, ``run_storage``, ``run_abuse``) are importable
+for tests.
 
 Rules of this module: argument parsing and report printing only; each scenario lives in
 ``tools/chaos/<scenario>.py``; shared pieces: ``procs`` (child processes, raw wire),
@@ -31,16 +33,17 @@ from typing import Any
 
 import trio
 
+from .abuse import DEFAULT, SHORT, run_abuse
 from .crash import run_crash
 from .fuzz import run_fuzz
 from .slow import run_slow
 from .storage import run_storage
 
-__all__ = ["FAILURE_KEYS", "failed", "main", "run_crash", "run_fuzz", "run_slow",
+__all__ = ["FAILURE_KEYS", "failed", "main", "run_abuse", "run_crash", "run_fuzz", "run_slow",
            "run_storage"]
 
 #: Report counters that must be 0 for a scenario to pass.
-FAILURE_KEYS = ("divergences", "crashes", "errors", "healthy_stream_errors")
+FAILURE_KEYS = ("divergences", "crashes", "errors", "healthy_stream_errors", "violations")
 
 
 def failed(report: dict[str, Any]) -> bool:
@@ -48,7 +51,7 @@ def failed(report: dict[str, Any]) -> bool:
 
 
 def _summary(report: dict[str, Any]) -> str:
-    skip = {"findings", "per_consumer", "errors_detail"}
+    skip = {"findings", "per_consumer", "errors_detail", "options"}
     return json.dumps({k: v for k, v in report.items() if k not in skip}, indent=1)
 
 
@@ -100,6 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--grown-map-mib", type=int, default=64)
     g.add_argument("--num-vbuckets", type=int, default=8)
     g.add_argument("--full-seconds", type=float, default=3.0)
+    a = sub.add_parser("abuse", help="clients that never read, floods, slowloris; a neighbour "
+                       "measures its NOOP latency")
+    a.add_argument("--short", action="store_true", help="the CI form: under 20 s")
+    a.add_argument("--num-vbuckets", type=int, default=1024)
+    a.add_argument("--connection-output-cap-mib", type=int, default=4)
+    a.add_argument("--total-output-cap-mib", type=int, default=64)
+    a.add_argument("--rss-guard-mib", type=int, default=1536,
+                   help="SIGKILL the server past this RSS (protects the machine)")
+    for name in ("value_mib", "gets", "stat_requests", "slowloris", "flood_extra",
+                 "max_connections"):
+        a.add_argument("--" + name.replace("_", "-"), type=int, dest=name,
+                       help=f"default {DEFAULT[name]} (--short: {SHORT[name]})")
+    for name in ("phase_seconds", "partial_frame_timeout"):
+        a.add_argument("--" + name.replace("_", "-"), type=float, dest=name,
+                       help=f"default {DEFAULT[name]} (--short: {SHORT[name]})")
     sub.add_parser("all", help="every scenario with its defaults")
     args = p.parse_args(argv)
     base = Path(args.workdir or tempfile.mkdtemp(prefix="chaos-"))
@@ -138,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
                       num_vbuckets=args.num_vbuckets, full_seconds=args.full_seconds)
         jobs.append(("storage", functools.partial(run_storage, base / "storage", seed=args.seed,
                                                   **kw)))
+    if args.scenario in ("abuse", "all"):
+        kw = {}
+        if args.scenario == "abuse":
+            kw = dict(short=args.short, num_vbuckets=args.num_vbuckets,
+                      connection_output_cap_mib=args.connection_output_cap_mib,
+                      total_output_cap_mib=args.total_output_cap_mib,
+                      rss_guard_mib=args.rss_guard_mib)
+            kw.update({k: v for k in DEFAULT if (v := getattr(args, k)) is not None})
+        jobs.append(("abuse", functools.partial(run_abuse, base / "abuse", seed=args.seed,
+                                                **kw)))
     rc = 0
     for name, job in jobs:
         report = trio.run(job)
