@@ -3,7 +3,9 @@
 Rules of this module:
 - construct and the standard library only: no trio, sockets or clock. This is the
   reference that ``codec.py``/``frames.py`` (the struct hot path) are tested against, and the
-  source of the golden vectors in ``protocol_spec/vectors/`` (``tools/gen_vectors.py``).
+  source of the golden vectors in ``protocol_spec/vectors/`` (``python -m tools.vectors``).
+- Tests and tools only: nothing at run time imports this module (``dcp/protocol/__init__.py``
+  does not), so construct is in the ``dev`` extra, not in the dependencies.
 - Layouts are data. ``REQUESTS`` and ``RESPONSES`` map an opcode to the extras shapes it
   accepts (by extras length) and the layout of its value; ``Frame`` only dispatches on them.
 - Parsing checks *layout*, never semantics: magic, header lengths against the body, the
@@ -15,8 +17,9 @@ Rules of this module:
   given; fields built with ``Default`` (reserved bytes, nmeta, nru) may be left out.
 - Client requests are magic 0x80 and 0x08 (alt, with frame infos), responses 0x81 and 0x18.
   Magic 0x82/0x83 frames (server-initiated, not DCP) are split by lengths but not typed.
-- ``Frame.compile()`` works (``tools/bench_codec.py`` measures it), but compiled parsing skips
-  construct's stream checks: parse untrusted bytes with ``parse_frame``.
+- ``Frame.compile()`` works (``python -m tools.bench.micro.codec`` measures it), but
+  compiled parsing skips construct's stream checks: parse untrusted bytes with
+  ``parse_frame``.
 """
 
 from __future__ import annotations
