@@ -12,7 +12,9 @@ Rules of this module:
   <= high seqno + 1.
   records: the LMDB key names this vbucket and the record's own seqno; seqnos strictly
   increase; the op is a mutation, deletion or expiration; the key is non-empty and
-  inside the record; the record decodes; a key's versions have rising rev seqnos (its
+  inside the record; the record matches its CRC-32C checksum (records.py: a byte changed
+  on disk after it was written; the server refuses to serve such a record); the record
+  decodes; a key's versions have rising rev seqnos (its
   latest seqno is its newest version); no record above the persisted high seqno; no
   CAS above the persisted max CAS.
 - At most ``MAX_PER_VBUCKET`` problems are listed per vbucket, then a count.
@@ -23,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..producer.engine.item import ItemOp
-from ..producer.engine.records import VBStateRecord, decode_item
+from ..producer.engine.records import VBStateRecord, decode_item, record_intact
 from ..protocol.opcodes import VBucketState
 from .offline import DamagedRecord, OfflineStore, Snapshot
 
@@ -87,6 +89,9 @@ def _check_records(snap: Snapshot, vb: int, rec: VBStateRecord | None,
             last = max(last, s)
             if r.op not in _OPS:
                 p.append(f"record at seqno {s} has unknown op 0x{r.op:02x}")
+            if not record_intact(r.raw):
+                p.append(f"record at seqno {s} (key {r.key[:64]!r}) fails its checksum: "
+                         "its bytes changed on disk after they were written")
             if not r.key_len or len(r.key) != r.key_len:
                 p.append(f"record at seqno {s} has a key of {r.key_len} bytes but holds "
                          f"{len(r.key)}")

@@ -13,6 +13,9 @@ Rules of this module:
   engine's own ``records`` structs and ``decode_item``.
 - Anything that is not a dcp data directory (missing, no ``data.mdb``, not LMDB,
   LMDB without our ``meta`` DB, another format version) is a one-line ``CtlError``.
+  So is a ``data.mdb`` shorter than its LMDB meta page says is in use, checked before
+  the map is opened (the engine's ``datafiles.read_meta_pages``): reading such a map
+  past the end of the file is a SIGBUS, not an error.
 - Every view reads inside one transaction (``with store.read() as snap``), so a
   vbucket's state record and its items always come from the same committed state, even
   while the server flushes. A transaction never outlives its ``with`` block.
@@ -28,8 +31,10 @@ from typing import Any, NamedTuple
 
 import lmdb
 
+from ..producer.engine.datafiles import read_meta_pages
 from ..producer.engine.item import Item
 from ..producer.engine.records import (
+    FORMAT_UNCHECKED,
     FORMAT_VERSION,
     ITEM_KEY,
     ITEM_RECORD,
@@ -86,6 +91,13 @@ class OfflineStore:
         self.file_size = data.stat().st_size
         if not self.file_size:
             raise CtlError(f"{self.path}: data.mdb is empty; not a dcp data directory")
+        try:
+            metas = read_meta_pages(data)
+        except OSError as exc:
+            raise CtlError(f"{self.path}: cannot read data.mdb: {exc.strerror}") from None
+        if metas and self.file_size < metas[0].used_bytes:
+            raise CtlError(f"{self.path}: data.mdb is truncated: {self.file_size} bytes, but "
+                           f"its LMDB meta page says {metas[0].used_bytes} are in use")
         self.env = self._open()
         try:
             self._read_meta()
@@ -143,6 +155,9 @@ class OfflineStore:
         except ValueError:
             raise CtlError(f"{self.path}: meta database holds format {fmt!r}, "
                            f"num_vbuckets {nvb!r}") from None
+        if self.format_version == FORMAT_UNCHECKED:
+            raise CtlError(f"{self.path}: format {fmt!r} (records without checksums); start "
+                           f"the server on it once to migrate it to format {FORMAT_VERSION}")
         if self.format_version != FORMAT_VERSION:
             raise CtlError(f"{self.path}: format {fmt!r}; this dcpctl reads format "
                            f"{FORMAT_VERSION}")

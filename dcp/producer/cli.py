@@ -1,13 +1,28 @@
 """``dcp-server``: run the server from flags, a TOML file or DCP_* environment variables.
 
-Rules of this module: argument parsing, logging setup and signal handling only. The first
-SIGINT/SIGTERM starts a graceful stop (streams end with Disconnected, everything queued is
-flushed, a clean-shutdown marker is written, exit 0); a second one exits at once.
+Rules of this module: argument parsing, logging setup, signal handling and the exit code
+only. The first SIGINT/SIGTERM starts a graceful stop (streams end with Disconnected,
+everything queued is flushed, a clean-shutdown marker is written, exit 0); a second one
+exits at once. Exit codes (docs/operations.md, "Damaged data files and exit codes"):
+
+    0  stopped cleanly: everything acknowledged is persisted
+    1  a runtime error stopped the server (port in use, an LMDB error at open...), or a
+       second signal cut the graceful stop short
+    2  bad settings
+    3  refused to start: the data directory is damaged (truncated, emptied or missing
+       data file; ``datafiles.py``); nothing was changed. ``--reset-data`` sets a damaged
+       data file aside and starts empty (an intact store is never touched)
+    4  stopped, but the final flush could not persist every acknowledged write (disk
+       full, I/O error); the next start treats the stop as a crash
+
+``faulthandler`` is on: should the data file be truncated under a running server (its
+map then faults), the process dies with a traceback on stderr instead of silently.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import logging
 import os
@@ -19,10 +34,17 @@ import trio
 
 from ..protocol.errors import StatusError
 from .config import ConfigError, ServerConfig, add_arguments, load_config
+from .engine.errors import DataDirError
 
 __all__ = ["main"]
 
 log = logging.getLogger("dcp.server")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_DATA_DIR = 3
+EXIT_UNPERSISTED = 4
 
 
 def _setup_logging(level: str) -> None:
@@ -33,7 +55,8 @@ def _setup_logging(level: str) -> None:
     )
 
 
-async def _serve(cfg: ServerConfig) -> None:
+async def _serve(cfg: ServerConfig) -> bool:
+    """Run until stopped; True when the stop was clean (everything persisted)."""
     from .server import DcpServer
 
     server = DcpServer(cfg)
@@ -57,6 +80,7 @@ async def _serve(cfg: ServerConfig) -> None:
             nursery.start_soon(watch_signals)
             await server.wait_stopped()
             nursery.cancel_scope.cancel()
+    return server.clean_shutdown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,31 +88,63 @@ def main(argv: list[str] | None = None) -> int:
         prog="dcp-server",
         description="DCP change-streaming server (Couchbase memcached-binary DCP wire format).")
     add_arguments(parser)
+    parser.add_argument("--reset-data", action="store_true",
+                        help="if the data directory is damaged (truncated, emptied or "
+                             "missing data file), set the data file aside and start with "
+                             "an empty store; an intact store is left alone")
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args)
     except ConfigError as exc:
         print(f"dcp-server: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     _setup_logging(cfg.log_level)
+    faulthandler.enable()
     # Many long-lived queued items: fewer, larger GC passes (research/perf-baseline.md §7).
     gc.set_threshold(100_000, 50, 100)
     sys.setswitchinterval(cfg.gil_switch_interval)
     data = Path(cfg.data_dir)
     if data.exists() and not data.is_dir():
         print(f"dcp-server: data dir {data} exists and is not a directory", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    if args.reset_data:
+        code = _reset_data(data)
+        if code:
+            return code
     try:
-        trio.run(_serve, cfg)
+        clean = trio.run(_serve, cfg)
     except BaseException as exc:
         leaf = _first_leaf(exc)
         if isinstance(leaf, KeyboardInterrupt | SystemExit) or not isinstance(leaf, Exception):
             raise
+        if isinstance(leaf, DataDirError):
+            print(f"dcp-server: refusing to start: {leaf.detail}", file=sys.stderr)
+            return EXIT_DATA_DIR
         if not isinstance(leaf, OSError | StatusError) and type(leaf).__module__ != "lmdb":
             raise  # a bug: keep the traceback
         print(f"dcp-server: {cfg.data_dir}: {leaf}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_FAILED
+    if not clean:
+        print("dcp-server: stopped without persisting every acknowledged write (see the "
+              "log above)", file=sys.stderr)
+        return EXIT_UNPERSISTED
+    return EXIT_OK
+
+
+def _reset_data(data: Path) -> int:
+    """``--reset-data``: set a damaged data file aside (0, or an exit code on failure)."""
+    from .engine.datafiles import set_aside_damaged
+
+    try:
+        done = set_aside_damaged(data)
+    except OSError as exc:
+        print(f"dcp-server: --reset-data failed: {exc}", file=sys.stderr)
+        return EXIT_DATA_DIR
+    for line in done:
+        log.warning("%s", line)
+    if not done:
+        log.info("--reset-data: %s passes its checks; nothing was reset", data.resolve())
+    return EXIT_OK
 
 
 def _first_leaf(exc: BaseException) -> BaseException:

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import lmdb
 
-from dcp.producer.engine.records import ITEM_KEY, ITEM_RECORD, VB_KEY, VBStateRecord
+from dcp.producer.engine.records import (
+    CRC_SIZE,
+    FORMAT_VERSION,
+    ITEM_KEY,
+    ITEM_RECORD,
+    VB_KEY,
+    VBStateRecord,
+    add_checksum,
+)
 
 from .support import (
     DCPCTL,
@@ -46,7 +54,8 @@ def test_inspect_reads_states_and_counts_while_the_server_runs(server) -> None:
     _populate(server)
     doc = ok_json("inspect", server.data_dir)
     env = doc["data_dir"]
-    assert (env["format"], env["num_vbuckets"], env["clean_shutdown"]) == (1, 8, False)
+    assert (env["format"], env["num_vbuckets"], env["clean_shutdown"]) == (
+        FORMAT_VERSION, 8, False)
     rows = {r["vbucket"]: r for r in doc["vbuckets"]}
     assert sorted(rows) == list(range(8))
     live = ok_json("vbuckets", port=server.port)["vbuckets"]
@@ -60,7 +69,7 @@ def test_inspect_reads_states_and_counts_while_the_server_runs(server) -> None:
     assert doc["totals"]["records"] == 5 and doc["totals"]["live_items"] == 4
 
     text = ok("inspect", server.data_dir, "vbuckets", "--vb", "2,5")
-    assert "format 1, 8 vbuckets" in text and "clean shutdown marker: no" in text
+    assert f"format {FORMAT_VERSION}, 8 vbuckets" in text and "clean shutdown marker: no" in text
     body = table_rows(text)
     assert [r[0] for r in body] == ["2", "5", "total"]
     assert body[1][3:5] == ["3", "3..3"] and body[1][7:] == ["2", "1", "1", "0", "1..3"]
@@ -149,7 +158,8 @@ def _damage(data: Path) -> None:
             fields = list(ITEM_RECORD.unpack_from(raw))
             fields[5] = 42  # the record's own seqno
             ITEM_RECORD.pack_into(raw, 0, *fields)
-            txn.put(ITEM_KEY.pack(5, 1), bytes(raw), db=seq5)
+            # a consistent record (its checksum matches) that breaks an invariant
+            txn.put(ITEM_KEY.pack(5, 1), add_checksum(bytes(raw[:-CRC_SIZE])), db=seq5)
             txn.put(ITEM_KEY.pack(7, 1), b"short", db=seq7)
     finally:
         env.close()
@@ -213,7 +223,14 @@ def test_a_newer_format_is_refused(tmp_path: Path) -> None:
     with env.begin(write=True) as txn:
         txn.put(b"format", b"99", db=env.open_db(b"meta", txn=txn))
     env.close()
-    assert "format b'99'; this dcpctl reads format 1" in fails("inspect", srv.data_dir)
+    assert f"format b'99'; this dcpctl reads format {FORMAT_VERSION}" in fails(
+        "inspect", srv.data_dir)
+    env = lmdb.open(str(srv.data_dir), max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.put(b"format", b"1", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    assert "(records without checksums); start the server on it once" in fails(
+        "inspect", srv.data_dir)
 
 
 def test_progress_bar_only_on_a_terminal(server) -> None:
@@ -241,3 +258,48 @@ def test_progress_bar_only_on_a_terminal(server) -> None:
     # the bar: the cursor is hidden while it is drawn, then shown again
     assert "\x1b[?25l" in shown and "\x1b[?25h" in shown, repr(shown[:500])
     assert "300 items" in shown
+
+
+def _flip_on_disk(data_file: Path, marker: bytes, offset: int) -> int:
+    """Flip one bit ``offset`` bytes after every occurrence of ``marker`` in the file (a
+    bad sector under a stored value; old page copies LMDB keeps get flipped too)."""
+    buf = bytearray(data_file.read_bytes())
+    hits = 0
+    at = buf.find(marker)
+    while at >= 0:
+        buf[at + offset] ^= 0x01
+        hits += 1
+        at = buf.find(marker, at + 1)
+    data_file.write_bytes(bytes(buf))
+    return hits
+
+
+def test_check_finds_a_flipped_value_byte_naming_vbucket_key_and_seqno(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "data").start()
+    (key,) = keys_for_vb(3, 1)
+    write(srv.port, [(k, b"fine") for k in keys_for_vb(4, 2)] + [(key, b"FLIPME" + b"x" * 200)])
+    wait_persisted(srv.port)
+    srv.stop()
+    assert _flip_on_disk(srv.data_dir / "data.mdb", b"FLIPME", 50) >= 1
+    line = fails("inspect", srv.data_dir, "check")
+    assert line == (f"dcpctl: check failed: 1 problems (first: vb 3: record at seqno 1 (key "
+                    f"{key!r}) fails its checksum: its bytes changed on disk after they were "
+                    "written)")
+    report = json.loads(ctl("inspect", srv.data_dir, "check", "--json").stdout)
+    assert [p["vbucket"] for p in report["problems"]] == [3]
+    assert ok_json("inspect", srv.data_dir, "check", "--vb", "4")["ok"]  # the rest is fine
+
+
+def test_a_truncated_data_file_is_a_one_line_error_not_a_crash(tmp_path: Path) -> None:
+    """Mapping a data.mdb shorter than LMDB's meta page says, then reading it, is a
+    SIGBUS; dcpctl checks the size first."""
+    srv = ServerProcess(tmp_path / "data").start()
+    write(srv.port, [(b"k%d" % i, b"v" * 2000) for i in range(300)])
+    wait_persisted(srv.port)
+    srv.stop()
+    data = srv.data_dir / "data.mdb"
+    size = data.stat().st_size
+    os.truncate(data, size // 2)
+    line = fails("inspect", srv.data_dir, "check")
+    assert line.startswith(f"dcpctl: {srv.data_dir}: data.mdb is truncated: {size // 2} "
+                           "bytes, but its LMDB meta page says ")

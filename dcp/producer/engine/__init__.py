@@ -19,7 +19,8 @@ Module map::
     storage.py            LmdbStorage;  backfill.py  BackfillScan
     compaction.py         Compactor (tombstone purge, history pruning)
     warmup.py             warm-up and failover entries after an unclean shutdown
-    records.py            on-disk layouts;  errors.py  StorageError, StorageFullError
+    records.py            on-disk layouts;  errors.py  StorageError, StorageFullError...
+    datafiles.py          data directory checks before LMDB maps the file; the marker
 """
 
 from .backfill import BackfillScan
@@ -28,7 +29,13 @@ from .checkpoint import Checkpoint, Cursor, CursorRegistration, Snapshot
 from .checkpoint_manager import PERSISTENCE_CURSOR, CheckpointManager, CheckpointMemory
 from .compaction import CompactionPlan, CompactionResult, Compactor
 from .config import EngineConfig
-from .errors import StorageError, StorageFullError
+from .errors import (
+    ChecksumError,
+    DataDirError,
+    DiskFullError,
+    StorageError,
+    StorageFullError,
+)
 from .failover import FailoverTable
 from .flusher import FlushBatch, Flusher, VBucketFlush
 from .item import GetResult, Item, ItemOp, MutationResult
@@ -44,12 +51,15 @@ __all__ = [
     "Checkpoint",
     "CheckpointManager",
     "CheckpointMemory",
+    "ChecksumError",
     "CompactionPlan",
     "CompactionResult",
     "Compactor",
     "Cursor",
     "CursorRegistration",
+    "DataDirError",
     "DecisionKind",
+    "DiskFullError",
     "EngineConfig",
     "FailoverTable",
     "FlushBatch",

@@ -11,11 +11,16 @@ Rules of this module:
 - Always ``close()`` (or use ``with``): an open scan pins old pages in the file and
   blocks map growth.
 - ``read_frames`` is the streaming fast path: a stored mutation record is a 16-byte
-  prefix plus the exact DCP mutation body (records.py), so its frame is a packed 24-byte
-  header plus ``record[16:]``. Frames come out back to back in one buffer with the
-  stream's vbucket and opaque already in place (a ``WireRun`` without a checkpoint),
+  prefix plus the exact DCP mutation body plus a checksum trailer (records.py), so its
+  frame is a packed 24-byte header plus ``record[16:-4]``. Frames come out back to
+  back in one buffer with the stream's vbucket and opaque already in place (a
+  ``WireRun`` without a checkpoint),
   never as ``Item`` objects: decoding each record into an ``Item`` and encoding it again
   was most of a disk stream's server CPU (docs/benchmarks.md, stream-disk).
+- Every record is checked against its checksum before anything of it is used (one C
+  CRC-32C call over the bytes LMDB returned). A damaged record raises ``ChecksumError``
+  and ends the scan: nothing of that chunk is returned, so a damaged value never
+  reaches a consumer (the server ends the stream with BACKFILL_FAIL, tasks.py).
 """
 
 from __future__ import annotations
@@ -29,13 +34,26 @@ import lmdb
 from .checkpoint import WireRun
 from .errors import StorageError
 from .item import Item, ItemOp
-from .records import VB_KEY, VBStateRecord, decode_item, item_key
+from .records import (
+    CRC_RESIDUE,
+    CRC_SIZE,
+    RECORD_HEAD,
+    VB_KEY,
+    VBStateRecord,
+    checksum_error,
+    crc32c,
+    decode_item,
+    item_key,
+    record_intact,
+)
 
 #: a record's op, datatype, cas, key length (prefix) and by-seqno (first extras field)
 _RECORD_HEAD = struct.Struct(">BBQHIQ").unpack_from
 _FRAME_HEAD = struct.Struct(">BBHBBHIIQ").pack
 _MUTATION = int(ItemOp.MUTATION)
 _DCP_MUTATION = 0x57
+_SHORTEST = RECORD_HEAD + CRC_SIZE
+_BODY_OVERHEAD = 16 + CRC_SIZE  # record bytes that are not the DCP body
 
 if TYPE_CHECKING:
     from .storage import LmdbStorage
@@ -123,6 +141,9 @@ class BackfillScan:
                 if k > end_key:
                     self._done = True
                     break
+                if not record_intact(v):
+                    self._done = True
+                    raise checksum_error(vb, int.from_bytes(k[2:10], "big"), v)
                 append(decode_item(vb, v))
                 if len(out) >= max_items:
                     break
@@ -145,6 +166,7 @@ class BackfillScan:
         limit = min(upto, self.end_seqno)
         head = _RECORD_HEAD
         pack = _FRAME_HEAD
+        crc = crc32c
         wire = bytearray()
         starts = array("I")
         others: list[Item] | None = None
@@ -152,7 +174,10 @@ class BackfillScan:
         nbytes = 0
         first = last = 0
         try:
-            for _k, raw in self._iter:  # type: ignore[union-attr]
+            for k, raw in self._iter:  # type: ignore[union-attr]
+                if len(raw) < _SHORTEST or crc(raw) != CRC_RESIDUE:
+                    self._done = True
+                    raise checksum_error(vb, int.from_bytes(k[2:10], "big"), raw)
                 op, dt, cas, kl, _dtime, seqno = head(raw)
                 if seqno > limit:
                     self._done = True
@@ -161,9 +186,9 @@ class BackfillScan:
                 if op == _MUTATION:
                     others = None
                     starts.append(len(wire))
-                    wire += pack(0x80, _DCP_MUTATION, kl, 31, dt, vb, len(raw) - 16, opaque,
-                                 cas)
-                    wire += raw[16:]
+                    wire += pack(0x80, _DCP_MUTATION, kl, 31, dt, vb,
+                                 len(raw) - _BODY_OVERHEAD, opaque, cas)
+                    wire += raw[16:-4]
                 else:
                     if starts:
                         segs.append(WireRun(None, wire, starts, len(wire)))

@@ -16,10 +16,19 @@ Rules of this module:
   after a commit succeeded.
 - ``grow_map`` remaps the file: LMDB requires that no transaction be open, so it waits
   for open backfill scans to close and holds off new ones meanwhile.
+- Opening checks the data directory first (``datafiles.check_data_files``: a truncated,
+  emptied or missing ``data.mdb`` is refused before LMDB maps it) and writes the marker
+  once the store exists. A format-1 store (records without checksum) is migrated in the
+  opening transaction: every record gets its trailer, then the format becomes 2.
+- Every record served (``get``, backfill scans) is checked against its checksum first;
+  a mismatch raises ``ChecksumError`` (and ``get`` logs it), never returns the bytes.
+- Errors are told apart (``_wrap``): only MDB_MAP_FULL is ``StorageFullError`` (a larger
+  map helps); ENOSPC is ``DiskFullError`` and anything else ``StorageError``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -29,16 +38,21 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from .backfill import BackfillScan
-from .errors import StorageError, StorageFullError
+from .datafiles import MARKER, check_data_files, write_marker
+from .errors import DataDirError, DiskFullError, StorageError, StorageFullError
 from .item import Item
 from .records import (
+    FORMAT_UNCHECKED,
     FORMAT_VERSION,
     ITEM_RECORD,
     VB_KEY,
     VBStateRecord,
+    add_checksum,
+    checksum_error,
     decode_item,
     encode_item,
     item_key,
+    record_intact,
 )
 
 if TYPE_CHECKING:
@@ -47,16 +61,20 @@ if TYPE_CHECKING:
 
 __all__ = ["LmdbStorage"]
 
+log = logging.getLogger("dcp.storage")
+
 _CLEAN = b"clean_shutdown"
 _REC_HEAD = ITEM_RECORD.size
 _rec_unpack = ITEM_RECORD.unpack_from
 
 
 def _wrap(exc: lmdb.Error, what: str) -> StorageError:
+    """The storage error for an LMDB error: only a full *map* is a ``StorageFullError``
+    (growing the map helps); a full disk or an I/O error is not."""
     if isinstance(exc, lmdb.MapFullError):
         return StorageFullError(f"{what}: LMDB map full ({exc}); grow the map and retry")
-    if "No space left" in str(exc):
-        return StorageFullError(f"{what}: disk full ({exc})")
+    if isinstance(exc, lmdb.DiskError) or "No space left" in str(exc):
+        return DiskFullError(f"{what}: disk full ({exc})")
     return StorageError(f"{what}: {exc}")
 
 
@@ -71,6 +89,8 @@ class LmdbStorage:
         #: test hook: called inside write_batch's transaction just before commit.
         self.before_commit: Callable[[Any], None] | None = None
         os.makedirs(self.path, exist_ok=True)
+        check_data_files(self.path)  # before LMDB maps data.mdb (module rules)
+        marker = (self.path / MARKER).exists()
         try:
             self.env = lmdb.open(str(self.path), map_size=map_size, max_dbs=num_vbuckets + 4,
                                  max_readers=1024, sync=sync, metasync=sync, subdir=True)
@@ -93,20 +113,49 @@ class LmdbStorage:
                 fmt = txn.get(b"format", db=self.meta_db)
                 nvb = txn.get(b"num_vbuckets", db=self.meta_db)
                 self.fresh = fmt is None
+                self.migrated = 0
                 if fmt is None:
+                    if marker:
+                        where = self.path.resolve()
+                        raise DataDirError(f"{where / 'data.mdb'} holds no bucket, but "
+                                           f"{where / MARKER} says it did; restore it from "
+                                           "a backup, or start with --reset-data")
                     txn.put(b"format", b"%d" % FORMAT_VERSION, db=self.meta_db)
                     txn.put(b"num_vbuckets", b"%d" % num_vbuckets, db=self.meta_db)
-                elif int(fmt) != FORMAT_VERSION or int(nvb or 0) != num_vbuckets:
+                elif int(fmt) not in (FORMAT_VERSION, FORMAT_UNCHECKED) \
+                        or int(nvb or 0) != num_vbuckets:
                     raise StorageError(f"{self.path} holds format {fmt!r} with {nvb!r} "
                                        f"vbuckets; this engine needs {FORMAT_VERSION} / "
                                        f"{num_vbuckets}")
+                elif int(fmt) == FORMAT_UNCHECKED:
+                    self.migrated = self._add_checksums(txn)
+                    txn.put(b"format", b"%d" % FORMAT_VERSION, db=self.meta_db)
                 self.clean_shutdown = txn.get(_CLEAN, db=self.meta_db) == b"1"
+            if not marker:
+                write_marker(self.path, {"format": FORMAT_VERSION,
+                                         "num_vbuckets": num_vbuckets})
         except lmdb.Error as exc:
             env.close()
             raise _wrap(exc, "cannot initialise LMDB") from exc
+        except OSError as exc:
+            env.close()
+            raise StorageError(f"cannot write {self.path / MARKER}: {exc}") from exc
         except BaseException:
             env.close()
             raise
+
+    def _add_checksums(self, txn: Any) -> int:
+        """Format 1 -> 2: append the checksum trailer to every record (in the opening
+        transaction, so a crash midway leaves the store in format 1). Returns records."""
+        n = 0
+        for db in self._item_dbs:
+            cur = txn.cursor(db=db)
+            more = cur.first()
+            while more:
+                cur.put(cur.key(), add_checksum(cur.value()))  # the cursor stays there
+                n += 1
+                more = cur.next()
+        return n
 
     def item_db(self, vb: int) -> Any:
         return self._item_dbs[vb]
@@ -228,14 +277,26 @@ class LmdbStorage:
     # ------------------------------------------------------------------ reads
 
     def get(self, vb: int, seqno: int) -> Item | None:
-        """Point read of the item stored at (vb, seqno); None if absent."""
+        """Point read of the item stored at (vb, seqno); None if absent.
+
+        Raises:
+            ChecksumError: the stored record is damaged (logged here: the caller only
+                answers a status).
+        """
         with self._scans_cond:  # never during a remap
             try:
                 with self.env.begin() as txn:
                     raw = txn.get(item_key(vb, seqno), db=self._item_dbs[vb])
             except lmdb.Error as exc:
                 raise _wrap(exc, f"read of vb {vb} seqno {seqno} failed") from exc
-        return None if raw is None else decode_item(vb, raw)
+        if raw is None:
+            return None
+        if not record_intact(raw):
+            exc = checksum_error(vb, seqno, raw)
+            log.error("%s (dcpctl inspect DATA_DIR check lists every damaged record)",
+                      exc.detail)
+            raise exc
+        return decode_item(vb, raw)
 
     def open_backfill(self, vb: int, start_seqno: int) -> BackfillScan:
         """A consistent scan of everything stored for ``vb`` after ``start_seqno``."""
