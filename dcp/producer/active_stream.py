@@ -2,14 +2,15 @@
 
 Rules of this module:
 - Synchronous and socket-free. The connection's writer calls ``fill(buf, ...)`` and the
-  stream appends whole frames to ``buf`` (the per-frame writers are the ``FrameWriter``
-  mixin in ``stream_frames.py``); the backfill task (``tasks.py``) feeds disk chunks in
-  with ``push_backfill*``. Nothing here awaits.
+  stream appends whole frames to ``buf`` (per-frame output is its ``FrameWriter``,
+  ``stream_frames.py``, a collaborator owning the send position and frame counters);
+  the backfill task (``tasks.py``) feeds disk chunks in with ``push_backfill*``.
+  Nothing here awaits.
 - Whole snapshots only leave in order: a snapshot's items are copied out of the
   checkpoint at ``take()`` time, so later deduplication cannot change what a marker
   promised. A disk backfill is one logical snapshot ``[first, P]``; memory items with
   seqno <= P are skipped afterwards, so the hand-over has no gap and no duplicate.
-- Memory snapshots are read as wire runs (``Cursor.take_wire``): byte ranges of frames
+- Memory snapshots are read as wire runs (``CheckpointManager.take_wire``): byte ranges of frames
   the checkpoint encoded once, copied into the send buffer with this stream's opaque
   patched in; flow control and the batch size still cut between frames. Streams that
   strip values (``no_value``) take items and encode each frame.
@@ -93,7 +94,7 @@ class _Marker:
 _BACKFILL_DONE = object()
 
 
-class ActiveStream(FrameWriter):
+class ActiveStream:
     """A DCP stream for one vbucket on one connection."""
 
     def __init__(self, *, name: str, vbucket: Any, opaque: int, start_seqno: int,
@@ -118,20 +119,27 @@ class ActiveStream(FrameWriter):
         #: task waits on it instead of polling (tasks.run_backfill)
         self.on_backfill_sent: Callable[[], None] | None = None
         self.backfills = 0
-        self.items_sent = 0
-        self.bytes_sent = 0
         self.cursor_drops = 0
         self.end_status: StreamEndStatus | None = None
         self._on_backfill = on_backfill
-        self._queue: deque[Any] = deque()  # _Marker | list[Item] | _BACKFILL_DONE
-        self._cur: list[Any] | WireRun | None = None  # items list or wire run being sent
-        self._cur_i = 0
+        self._queue: deque[Any] = deque()  # _Marker | list[Item] | WireRun | _BACKFILL_DONE
+        # frame output and the items list or wire run being sent (stream_frames.py)
+        self._writer = FrameWriter(self.vbid, opaque, options, start_seqno)
         self._cur_end = 0  # snapshot end of the snapshot being sent
         self._cur_disk = False  # the snapshot being sent is a disk (backfill) snapshot
-        self._opaque_bytes = opaque.to_bytes(4, "big")
         self._end_sent = False
         self.announced = False  # its stream-request OK has been written
         self.conn: Any = None
+
+    @property
+    def items_sent(self) -> int:
+        """Frames of items sent (counted by the frame writer)."""
+        return self._writer.items_sent
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes of item frames sent (markers and stream ends not included)."""
+        return self._writer.bytes_sent
 
     # ------------------------------------------------------------------ state
 
@@ -169,7 +177,7 @@ class ActiveStream(FrameWriter):
         if self.end_status is None:
             self.end_status = status
             self._queue.clear()
-            self._cur = None
+            self._writer.cur = None
 
     def release(self) -> None:
         """Drop the cursor (stream closed or connection gone). Idempotent."""
@@ -218,16 +226,21 @@ class ActiveStream(FrameWriter):
     def fill(self, buf: bytearray, buffer_log: Any, max_bytes: int) -> bool:
         """Append frames to ``buf`` until it holds ``max_bytes``, flow control is full, or
         nothing is ready. Returns True when the stream may have more to send right now."""
+        w = self._writer
         while len(buf) < max_bytes:
             if not buffer_log.can_send():
                 return True
-            cur = self._cur
+            cur = w.cur
             if cur is not None:
+                w.last_seqno = self.last_sent_seqno  # fill may have raised it (markers)
                 if cur.__class__ is WireRun:
-                    self.write_run(buf, buffer_log, max_bytes)
+                    disk = w.write_run(buf, buffer_log, max_bytes, self.backfill_bytes)
                 else:
-                    self.write_items(buf, buffer_log, max_bytes)
-                if self._cur is not None:
+                    disk = w.write_items(buf, buffer_log, max_bytes, self.backfill_bytes)
+                self.last_sent_seqno = w.last_seqno
+                if disk:
+                    self._backfill_sent(disk)
+                if w.cur is not None:
                     return True
                 q = self._queue
                 if not self._cur_disk and (not q or q[0].__class__ is _Marker
@@ -280,8 +293,7 @@ class ActiveStream(FrameWriter):
                     # (skip_until: the disk covered the end even if it held no item there)
                     self.set_end(StreamEndStatus.OK)
             else:
-                self._cur = entry
-                self._cur_i = 0
+                w.start(entry)
         return True
 
     def _refill(self) -> bool:
@@ -298,7 +310,7 @@ class ActiveStream(FrameWriter):
         end = self.end_seqno
         q = self._queue
         if self.options.no_value:
-            snaps = cursor.take(_TAKE_ITEMS)
+            snaps = self.vbucket.checkpoints.take(cursor, _TAKE_ITEMS)
             if not snaps:
                 return False
             for snap in snaps:
@@ -318,7 +330,7 @@ class ActiveStream(FrameWriter):
                 if s_end >= end:
                     break
             return bool(q)
-        wsnaps = cursor.take_wire(_TAKE_ITEMS)
+        wsnaps = self.vbucket.checkpoints.take_wire(cursor, _TAKE_ITEMS)
         if not wsnaps:
             return False
         for ws in wsnaps:

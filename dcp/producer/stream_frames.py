@@ -1,22 +1,25 @@
-"""The per-frame hot paths of ``ActiveStream``, kept in their own file.
+"""The per-frame hot paths of a stream: ``FrameWriter``, one per ``ActiveStream``.
 
 Rules of this module:
-- ``FrameWriter`` is a mixin of ``ActiveStream`` only: its methods read and move the
-  stream's send position (``_cur``, ``_cur_i``) and counters exactly as ``fill`` expects
-  (active_stream.py's rules apply). Nothing here awaits or touches a socket.
+- A ``FrameWriter`` is the stream's collaborator for frame output (composition: the
+  stream holds one and has no base class). It owns the send position (``cur``, the
+  items list or wire run being sent, and ``i``, the next frame of it), the frame
+  counters and ``last_seqno``, the seqno of the last frame written; the stream decides
+  what to send next (``start``) and reads the rest back (active_stream.py's rules
+  apply). Nothing here awaits or touches a socket.
 - ``write_run`` copies runs of ready frames (the checkpoint's wire log, or a disk
   backfill's frames, which already carry this stream's opaque); ``write_items`` encodes
   ``Item``s (a 24-byte header in front of a stored body where there is one); both stop
   at the batch size or the flow-control window, the last frame may overshoot.
-- Disk bytes are counted out (``_backfill_sent``) exactly as ``push_backfill_*`` charged
-  them, or a backfill would keep its connection's slot forever (tasks.run_backfill).
+- With ``count_disk`` (the stream still has disk bytes charged) both return the bytes
+  to count out, exactly as ``push_backfill_*`` charged them, or a backfill would keep
+  its connection's slot forever (tasks.run_backfill); the stream counts them out.
 """
 
 from __future__ import annotations
 
 import struct
 from bisect import bisect_left
-from collections.abc import Callable
 from typing import Any
 
 from ..protocol import codec
@@ -31,28 +34,35 @@ _EXP = Opcode.DCP_EXPIRATION
 
 
 class FrameWriter:
-    """Frame output of a stream (see the module rules)."""
+    """Frame output of one stream (see the module rules)."""
 
-    __slots__ = ()
-    # provided by ActiveStream
-    _cur: Any
-    _cur_i: int
-    _opaque_bytes: bytes
-    backfill_bytes: int
-    bytes_sent: int
-    items_sent: int
-    last_sent_seqno: int
-    opaque: int
-    options: Any
-    vbid: int
-    _backfill_sent: Callable[[int], None]
+    __slots__ = ("bytes_sent", "cur", "i", "items_sent", "last_seqno", "opaque",
+                 "opaque_bytes", "options", "vbid")
 
-    def write_items(self, buf: bytearray, buffer_log: Any, max_bytes: int) -> None:
+    def __init__(self, vbid: int, opaque: int, options: Any, last_seqno: int) -> None:
+        self.vbid = vbid
+        self.opaque = opaque
+        self.opaque_bytes = opaque.to_bytes(4, "big")
+        self.options = options
+        self.cur: Any = None  # list[Item] | WireRun | None
+        self.i = 0
+        self.last_seqno = last_seqno
+        self.items_sent = 0
+        self.bytes_sent = 0
+
+    def start(self, segment: list[Any] | WireRun) -> None:
+        """Send ``segment`` (items or a wire run) next, from its first frame."""
+        self.cur = segment
+        self.i = 0
+
+    def write_items(self, buf: bytearray, buffer_log: Any, max_bytes: int,
+                    count_disk: int) -> int:
         """The hot path: encode items of the current snapshot. Mutations use the body the
-        engine encoded once; only the 24-byte header is packed per stream."""
-        items = self._cur
-        assert items is not None
-        i = self._cur_i
+        engine encoded once; only the 24-byte header is packed per stream. Returns the
+        disk bytes to count out (0 unless ``count_disk``)."""
+        items = self.cur
+        assert items is not None and items.__class__ is not WireRun
+        i0 = i = self.i
         n = len(items)
         hdr = _HDR
         vb = self.vbid
@@ -63,7 +73,7 @@ class FrameWriter:
         outstanding = buffer_log.outstanding
         start_len = len(buf)
         sent_bytes = 0
-        last = self.last_sent_seqno
+        last = self.last_seqno
         while i < n:
             it = items[i]
             op = it.op
@@ -83,25 +93,27 @@ class FrameWriter:
             i += 1
             if outstanding >= window or len(buf) >= max_bytes:
                 break
-        if self.backfill_bytes:
-            # disk items are counted as they were charged (push_backfill_*), not by the
-            # size of the frames this stream's options gave them
-            self._backfill_sent(sum(55 + len(it.key) + len(it.value)
-                                    for it in items[self._cur_i:i]))
-        self.items_sent += i - self._cur_i
-        self._cur_i = i
-        self.last_sent_seqno = last
+        self.items_sent += i - i0
+        self.i = i
+        self.last_seqno = last
         self.bytes_sent += len(buf) - start_len
         buffer_log.record(sent_bytes)
         if i >= n:
-            self._cur = None
+            self.cur = None
+        if count_disk:
+            # disk items are counted as they were charged (push_backfill_*), not by the
+            # size of the frames this stream's options gave them
+            return sum(55 + len(it.key) + len(it.value) for it in items[i0:i])
+        return 0
 
-    def write_run(self, buf: bytearray, buffer_log: Any, max_bytes: int) -> None:
+    def write_run(self, buf: bytearray, buffer_log: Any, max_bytes: int,
+                  count_disk: int) -> int:
         """The hot path: copy frames of a wire run, as many as the batch and the window
-        allow (the last one may overshoot, as with items), patching in our opaque."""
-        run = self._cur
+        allow (the last one may overshoot, as with items), patching in our opaque.
+        Returns the disk bytes to count out (0 unless ``count_disk``)."""
+        run = self.cur
         assert run is not None and run.__class__ is WireRun
-        i = self._cur_i
+        i = self.i
         starts = run.starts
         k = len(starts)
         room = max_bytes - len(buf)
@@ -114,13 +126,14 @@ class FrameWriter:
         # frames [i, j): the last one is the first whose end reaches ``room`` bytes
         j = bisect_left(starts, b0 + room, i + 1, k) if room < run.end - b0 else k
         b1 = starts[j] if j < k else run.end
-        ob = self._opaque_bytes
+        ob = self.opaque_bytes
         wire = run.wire
         ckpt = run.ckpt
+        disk = 0
         if ckpt is None:  # read from disk for this stream: frames are ready as they are
             buf += wire[b0:b1]
-            if self.backfill_bytes:
-                self._backfill_sent(b1 - b0)
+            if count_disk:
+                disk = b1 - b0
         elif ckpt.wire is wire and (ckpt.stamp_opaque == ob or ckpt.stamp_from == ckpt.stamp_upto):
             # our opaque is (or becomes) the one stamped in the wire: see checkpoint.py
             lo = ckpt.stamp_from
@@ -150,11 +163,12 @@ class FrameWriter:
         self.items_sent += j - i
         self.bytes_sent += nbytes
         buffer_log.record(nbytes)
-        self.last_sent_seqno = run.seqno(j - 1)
+        self.last_seqno = run.seqno(j - 1)
         if j >= k:
-            self._cur = None
+            self.cur = None
         else:
-            self._cur_i = j
+            self.i = j
+        return disk
 
     def encode_other(self, it: Any) -> bytes:
         """A frame for an item that has none ready: deletions, expirations, and mutations

@@ -134,7 +134,8 @@ def test_relative_expiry_hides_item_and_expiry_pass_makes_an_expiration(bucket: 
     assert bucket.vbucket(0).high_seqno == 2
     assert bucket.expire() == 1
     assert bucket.expire() == 0
-    snaps = bucket.vbucket(0).checkpoints.register_cursor("s", 2).cursor.take(10)
+    mgr = bucket.vbucket(0).checkpoints
+    snaps = mgr.take(mgr.register_cursor("s", 2).cursor, 10)
     (it,) = snaps[0].items
     assert (it.seqno, it.op, it.key, it.delete_time) == (3, ItemOp.EXPIRATION, b"t",
                                                          int(clock.now))

@@ -9,7 +9,7 @@ from dcp.producer.engine import (
     ItemOp,
     Snapshot,
 )
-from dcp.producer.engine.checkpoint_manager import COMPACT_MIN_SLOTS, DEAD_SLOT_BYTES
+from dcp.producer.engine.checkpoint_list import COMPACT_MIN_SLOTS, DEAD_SLOT_BYTES
 from dcp.producer.engine.item import item_size
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 
@@ -49,7 +49,7 @@ def test_seed_dedup_example_gives_one_snapshot_2_to_3() -> None:
     """set A, set B, set A -> a cursor from 0 sees one snapshot 2..3 with B@2, A@3."""
     mgr, _ = manager()
     Seq(mgr).put(b"A", b"B", b"A")
-    snaps = mgr.register_cursor("s", 0).cursor.take(100)
+    snaps = mgr.take(mgr.register_cursor("s", 0).cursor, 100)
     assert len(snaps) == 1
     assert (snaps[0].start, snaps[0].end) == (2, 3)
     assert flat(snaps) == [(2, b"B"), (3, b"A")]
@@ -60,7 +60,7 @@ def test_cursor_registered_before_writes_sees_the_same_dedup() -> None:
     mgr, _ = manager()
     cur = mgr.register_cursor("s", 0).cursor
     Seq(mgr).put(b"A", b"B", b"A")
-    snaps = cur.take(100)
+    snaps = mgr.take(cur, 100)
     assert [(s.start, s.end) for s in snaps] == [(2, 3)]
 
 
@@ -70,7 +70,7 @@ def test_dedup_happens_only_in_the_open_checkpoint() -> None:
     seq.put(b"A", b"B")
     mgr.create_checkpoint()
     seq.put(b"A")
-    snaps = mgr.register_cursor("s", 0).cursor.take(100)
+    snaps = mgr.take(mgr.register_cursor("s", 0).cursor, 100)
     assert [(s.start, s.end) for s in snaps] == [(1, 2), (3, 3)]
     assert flat(snaps) == [(1, b"A"), (2, b"B"), (3, b"A")]
     assert snaps[1].flags == MEM | CKPT
@@ -81,10 +81,10 @@ def test_take_copies_items_so_later_dedup_cannot_change_them() -> None:
     seq = Seq(mgr)
     cur = mgr.register_cursor("s", 0).cursor
     seq.put(b"A", b"B")
-    first = cur.take(100)
+    first = mgr.take(cur, 100)
     seq.put(b"A")  # supersedes A@1 in the open checkpoint
     assert flat(first) == [(1, b"A"), (2, b"B")]
-    second = cur.take(100)
+    second = mgr.take(cur, 100)
     assert [(s.start, s.end, s.flags) for s in second] == [(3, 3, MEM)]
 
 
@@ -92,11 +92,11 @@ def test_take_is_a_soft_limit_and_never_splits_a_snapshot() -> None:
     mgr, _ = manager(max_items=5)
     Seq(mgr).put(*[b"k%d" % i for i in range(12)])  # checkpoints of 5, 5, 2
     cur = mgr.register_cursor("s", 0).cursor
-    first = cur.take(3)
+    first = mgr.take(cur, 3)
     assert [(s.start, s.end) for s in first] == [(1, 5)]
-    rest = cur.take(6)
+    rest = mgr.take(cur, 6)
     assert [(s.start, s.end) for s in rest] == [(6, 10), (11, 12)]
-    assert cur.take(100) == []
+    assert mgr.take(cur, 100) == []
 
 
 def test_snapshot_ends_at_open_checkpoint_current_last_item() -> None:
@@ -104,9 +104,9 @@ def test_snapshot_ends_at_open_checkpoint_current_last_item() -> None:
     seq = Seq(mgr)
     cur = mgr.register_cursor("s", 0).cursor
     seq.put(b"a", b"b")
-    assert [(s.start, s.end) for s in cur.take(1)] == [(1, 2)]
+    assert [(s.start, s.end) for s in mgr.take(cur, 1)] == [(1, 2)]
     seq.put(b"c")
-    assert [(s.start, s.end) for s in cur.take(1)] == [(3, 3)]
+    assert [(s.start, s.end) for s in mgr.take(cur, 1)] == [(3, 3)]
     assert cur.last_seqno == 3
 
 
@@ -124,7 +124,7 @@ def test_register_cursor_mid_memory_starts_after_start_seqno() -> None:
     Seq(mgr).put(*[b"k%d" % i for i in range(10)])
     reg = mgr.register_cursor("s", 6)
     assert not reg.backfill
-    snaps = reg.cursor.take(100)
+    snaps = mgr.take(reg.cursor, 100)
     assert [it.seqno for s in snaps for it in s.items] == [7, 8, 9, 10]
     assert snaps[0].flags == MEM  # begins mid-checkpoint
 
@@ -134,9 +134,9 @@ def test_register_cursor_at_high_seqno_gets_nothing_until_new_items() -> None:
     seq = Seq(mgr)
     seq.put(b"a", b"b")
     cur = mgr.register_cursor("s", 2).cursor
-    assert cur.take(10) == []
+    assert mgr.take(cur, 10) == []
     seq.put(b"c")
-    assert flat(cur.take(10)) == [(3, b"c")]
+    assert flat(mgr.take(cur, 10)) == [(3, b"c")]
 
 
 def test_closed_checkpoints_without_cursors_are_freed_and_memory_accounted() -> None:
@@ -147,7 +147,7 @@ def test_closed_checkpoints_without_cursors_are_freed_and_memory_accounted() -> 
     total = mem.used
     assert total == sum(c.mem for c in mgr.checkpoints) > 0
     p = mgr.persistence_cursor
-    p.take(100)
+    mgr.take(p, 100)
     assert len(mgr.checkpoints) == 1
     assert mem.used == mgr.checkpoints[0].mem
 
@@ -175,7 +175,7 @@ def test_open_checkpoint_compacts_superseded_slots_and_keeps_cursors_in_place() 
     for round_ in range(5000):
         seq.put(*keys, value=b"v%d" % round_)
         if round_ % 37 == 0:  # the reader keeps up now and then, compaction in between
-            for s in mid.take(1 << 30):
+            for s in mgr.take(mid, 1 << 30):
                 for it in s.items:
                     assert it.seqno > last  # never a repeat or a step back
                     last = it.seqno
@@ -183,7 +183,7 @@ def test_open_checkpoint_compacts_superseded_slots_and_keeps_cursors_in_place() 
     ckpt = mgr.checkpoints[-1]
     assert len(ckpt.items) <= 2 * len(keys) + COMPACT_MIN_SLOTS + 1
     assert ckpt.gen > 0  # compaction did happen
-    for s in mid.take(1 << 30):
+    for s in mgr.take(mid, 1 << 30):
         for it in s.items:
             assert it.seqno > last
             last = it.seqno
@@ -203,15 +203,15 @@ def test_peek_mark_survives_compaction_of_its_checkpoint() -> None:
     seq = Seq(mgr)
     seq.put(*[b"k%d" % i for i in range(5)])
     p = mgr.persistence_cursor
-    snaps, mark = p.peek(100)
+    snaps, mark = mgr.peek(p, 100)
     assert flat(snaps)[-1] == (5, b"k4")
     # rewrite k0..k3 until compaction removes slots the mark counted
     gen = mgr.checkpoints[-1].gen
     while mgr.checkpoints[-1].gen == gen:
         seq.put(b"k0", b"k1", b"k2", b"k3")
-    p.advance_to(mark)
+    mgr.advance_to(p, mark)
     assert p.last_seqno == 5
-    rest = flat(p.take(1 << 30))
+    rest = flat(mgr.take(p, 1 << 30))
     # next: exactly the items written after seqno 5, newest version per key
     assert rest and rest[0][0] > 5
     assert sorted(k for _, k in rest) == [b"k0", b"k1", b"k2", b"k3"]
@@ -222,7 +222,7 @@ def test_closed_checkpoint_holds_no_superseded_slots() -> None:
     seq = Seq(mgr)
     reader = mgr.register_cursor("r", 0).cursor
     seq.put(b"a", b"b")
-    assert flat(reader.take(100)) == [(1, b"a"), (2, b"b")]  # sits inside checkpoint 1
+    assert flat(mgr.take(reader, 100)) == [(1, b"a"), (2, b"b")]  # sits inside checkpoint 1
     seq.put(b"a", b"b", b"a")
     mgr.create_checkpoint()
     closed = mgr.checkpoints[0]
@@ -230,18 +230,18 @@ def test_closed_checkpoint_holds_no_superseded_slots() -> None:
     assert [it.seqno for it in closed.items] == [4, 5]
     assert mem.used == sum(c.mem for c in mgr.checkpoints)
     seq.put(b"c")
-    assert flat(reader.take(100)) == [(4, b"b"), (5, b"a"), (6, b"c")]
+    assert flat(mgr.take(reader, 100)) == [(4, b"b"), (5, b"a"), (6, b"c")]
 
 
 def test_memory_no_longer_covering_start_means_backfill_from_memory_start() -> None:
     mgr, _ = manager(max_items=2)
     seq = Seq(mgr)
     seq.put(b"a", b"b", b"c", b"d", b"e")
-    mgr.persistence_cursor.take(100)  # frees checkpoints 1..4
+    mgr.take(mgr.persistence_cursor, 100)  # frees checkpoints 1..4
     assert mgr.memory_start_seqno == 5
     reg = mgr.register_cursor("s", 1)
     assert reg.backfill
-    assert [it.seqno for s in reg.cursor.take(100) for it in s.items] == [5]
+    assert [it.seqno for s in mgr.take(reg.cursor, 100) for it in s.items] == [5]
     assert not mgr.register_cursor("t", 4).backfill
 
 
@@ -250,7 +250,7 @@ def test_remove_cursor_unpins_checkpoints() -> None:
     seq = Seq(mgr)
     cur = mgr.register_cursor("s", 0).cursor
     seq.put(b"a", b"b", b"c")
-    mgr.persistence_cursor.take(100)
+    mgr.take(mgr.persistence_cursor, 100)
     assert len(mgr.checkpoints) == 2  # the stream cursor pins checkpoint 1
     assert mgr.remove_cursor(cur)
     assert len(mgr.checkpoints) == 1
@@ -262,12 +262,12 @@ def test_peek_does_not_move_and_advance_to_does() -> None:
     seq = Seq(mgr)
     seq.put(b"a", b"b")
     p = mgr.persistence_cursor
-    snaps, mark = p.peek(100)
+    snaps, mark = mgr.peek(p, 100)
     assert flat(snaps) == [(1, b"a"), (2, b"b")]
     seq.put(b"a")  # dedup while the batch is in flight
-    assert flat(p.peek(100)[0]) == [(2, b"b"), (3, b"a")]
-    p.advance_to(mark)
-    assert flat(p.take(100)) == [(3, b"a")]
+    assert flat(mgr.peek(p, 100)[0]) == [(2, b"b"), (3, b"a")]
+    mgr.advance_to(p, mark)
+    assert flat(mgr.take(p, 100)) == [(3, b"a")]
 
 
 def test_droppable_cursors_are_only_those_behind_persistence() -> None:
@@ -276,12 +276,12 @@ def test_droppable_cursors_are_only_those_behind_persistence() -> None:
     slow = mgr.register_cursor("slow", 0).cursor
     seq.put(b"a", b"b", b"c", b"d", b"e")
     assert mgr.droppable_cursors() == []  # persistence is as far behind
-    mgr.persistence_cursor.take(100)
+    mgr.take(mgr.persistence_cursor, 100)
     (pinned, cursor), = mgr.droppable_cursors()
     assert cursor is slow and pinned > 0
     freed = mgr.drop_cursor(slow)
     assert freed == pinned
-    assert slow.dropped and slow.take(10) == []
+    assert slow.dropped and mgr.take(slow, 10) == []
     assert mgr.get_cursor("slow") is None
 
 
@@ -299,7 +299,7 @@ def test_deletions_are_queued_and_dedup_like_mutations() -> None:
     mgr, _ = manager()
     Seq(mgr).put(b"a")
     mgr.queue(Item(0, 2, 2, 2, 0, 0, 0, b"a", b"", ItemOp.DELETION, 5, b""))
-    snaps = mgr.register_cursor("s", 0).cursor.take(10)
+    snaps = mgr.take(mgr.register_cursor("s", 0).cursor, 10)
     (it,) = snaps[0].items
     assert (it.seqno, it.op, it.delete_time) == (2, ItemOp.DELETION, 5)
     assert item_size(it) == 1 + 200
@@ -324,12 +324,12 @@ def test_retained_checkpoints_still_serve_a_range_from_memory_cut_where_it_close
     seq = Seq(mgr)
     seq.put(b"a", b"b", b"c")  # checkpoint 1 closes at 3 items: 1..3
     seq.put(b"a", b"b")  # open checkpoint: 4..5
-    mgr.persistence_cursor.take(100)  # persisted: checkpoint 1 is needed by no cursor
+    mgr.take(mgr.persistence_cursor, 100)  # persisted: checkpoint 1 is needed by no cursor
     assert mgr.memory_start_seqno == 1  # ... but retained
     clock.now += 5
     reg = mgr.register_cursor("late", 1)
     assert not reg.backfill
-    snaps = reg.cursor.take(100)
+    snaps = mgr.take(reg.cursor, 100)
     assert [(s.start, s.end) for s in snaps] == [(2, 3), (4, 5)]  # real boundaries
     mgr.remove_cursor("late")
     clock.now += 5.1
@@ -342,7 +342,7 @@ def test_retention_yields_to_memory_pressure_and_dropped_cursors() -> None:
     mgr, mem, _clock = retaining_manager(3600.0)
     seq = Seq(mgr)
     seq.put(b"a", b"b", b"c", b"d", b"e", b"f", b"g")
-    mgr.persistence_cursor.take(100)
+    mgr.take(mgr.persistence_cursor, 100)
     assert mgr.retained_bytes > 0 and len(mgr.checkpoints) == 3
     before = mem.used
     freed = mgr.release_retained(all_of_them=True)
@@ -354,7 +354,7 @@ def test_without_retention_closed_checkpoints_go_at_once() -> None:
     mgr, _ = manager(max_items=3)
     seq = Seq(mgr)
     seq.put(b"a", b"b", b"c", b"d")
-    mgr.persistence_cursor.take(100)
+    mgr.take(mgr.persistence_cursor, 100)
     assert mgr.memory_start_seqno == 4
 
 
@@ -375,10 +375,10 @@ def test_a_checkpoint_closed_while_its_flush_was_in_flight_is_freed_when_it_comp
     seq = Seq(mgr)
     seq.put(b"a", b"b")
     p = mgr.persistence_cursor
-    _, mark = p.peek(100)  # the flusher takes the batch ...
+    _, mark = mgr.peek(p, 100)  # the flusher takes the batch ...
     mgr.create_checkpoint()  # ... the checkpoint closes meanwhile (the cursor is not at its end)
     assert len(mgr.checkpoints) == 2
-    p.advance_to(mark)  # ... and the batch is durable: nothing pins checkpoint 1 any more
+    mgr.advance_to(p, mark)  # ... and the batch is durable: nothing pins checkpoint 1 any more
     assert len(mgr.checkpoints) == 1 and mem.used == 0
     seq.put(b"c")
-    assert flat(p.take(100)) == [(3, b"c")]
+    assert flat(mgr.take(p, 100)) == [(3, b"c")]

@@ -34,7 +34,8 @@ def test_store_set_matches_store(bucket: Bucket, clock) -> None:
         assert e1[:2] + e1[3:] == e2[:2] + e2[3:]  # all but the CAS
     assert vb.key_meta(b"k3")[4] == int(now) + 60  # relative expiry made absolute
     assert vb.get(b"k1").value == b"again"
-    assert [it.seqno for s in vb.checkpoints.persistence_cursor.peek(100)[0]
+    mgr = vb.checkpoints
+    assert [it.seqno for s in mgr.peek(mgr.persistence_cursor, 100)[0]
             for it in s.items] == [1, 3, 4, 5, 6]  # k1's first version deduplicated
     bucket.flusher.flush_all()
     assert stored(bucket, 2) == stored(bucket, 1)

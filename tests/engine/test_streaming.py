@@ -37,8 +37,8 @@ def stream(bucket: Bucket, vb: int, name: str, start: int, received: list, chunk
     return reg.cursor, skip
 
 
-def drain(cursor, skip: int, received: list) -> None:
-    for snap in cursor.take(1 << 30):
+def drain(mgr, cursor, skip: int, received: list) -> None:
+    for snap in mgr.take(cursor, 1 << 30):
         received.extend(it for it in snap.items if it.seqno > skip)
 
 
@@ -55,7 +55,7 @@ def test_stream_from_zero_after_memory_was_freed_gets_every_key(open_bucket) -> 
             b.flusher.flush_all()
     received: list = []
     cursor, skip = stream(b, 0, "s", 0, received)
-    drain(cursor, skip, received)
+    drain(b.vbucket(0).checkpoints, cursor, skip, received)
     assert state_after(received) == live(b, 0)
     seqnos = [it.seqno for it in received]
     assert seqnos == sorted(seqnos) and len(set(seqnos)) == len(seqnos)
@@ -69,25 +69,26 @@ def test_slow_cursor_is_dropped_over_quota_and_resumes_from_disk_without_gap(
     received: list = []
     cursor, skip = stream(b, 1, "slow", 0, received)
     fast, _ = stream(b, 1, "fast", 0, [])
+    mgr = b.vbucket(1).checkpoints
     n = 0
     for round_ in range(20):
         for i in range(30):
             b.set(1, b"k%d" % ((round_ * 30 + i) % 97), b"x" * 100)
             n += 1
         b.flusher.flush_all()
-        fast.take(1 << 30)
+        mgr.take(fast, 1 << 30)
         if round_ == 2:
-            drain(cursor, skip, received)  # the slow one reads once, then stalls
+            drain(mgr, cursor, skip, received)  # the slow one reads once, then stalls
     assert cursor.dropped
     assert b.cursors_dropped >= 1
     assert b.checkpoint_memory() <= 40_000 + 20 * 400
     assert not fast.dropped
     assert b.vbucket(1).checkpoints.persistence_cursor.dropped is False
-    assert cursor.take(10) == []
+    assert mgr.take(cursor, 10) == []
     # the stream re-registers from what it has and backfills the rest
     last = received[-1].seqno
     cursor2, skip2 = stream(b, 1, "slow", last, received)
-    drain(cursor2, skip2, received)
+    drain(mgr, cursor2, skip2, received)
     assert state_after(received) == live(b, 1)
 
 

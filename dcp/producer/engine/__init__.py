@@ -11,8 +11,10 @@ Module map::
     item.py               Item, ItemOp, MutationResult, GetResult
     failover.py           FailoverTable
     stream_decision.py    decide_stream_request -> StreamDecision (pure, reference §5.4)
-    checkpoint.py         Checkpoint, Cursor, Snapshot, CursorRegistration
-    checkpoint_manager.py CheckpointManager, CheckpointMemory
+    checkpoint.py         Checkpoint (+ wire log), Cursor (a position), Snapshot,
+                          CursorRegistration
+    checkpoint_list.py    CheckpointList (queue, compaction, freeing), CheckpointMemory
+    checkpoint_manager.py CheckpointManager (cursors: place, read, move, drop)
     vbucket.py            VBucket (KV operations, key index, expiry)
     bucket.py             Bucket (facade, memory pressure / cursor dropping)
     flusher.py            Flusher, FlushBatch (collect -> write_batch -> complete)

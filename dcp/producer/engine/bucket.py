@@ -43,7 +43,7 @@ class Bucket:
 
     def __init__(self, config: EngineConfig, storage: LmdbStorage, *,
                  clock: Callable[[], float], uuid_source: Callable[[], int]) -> None:
-        """Use ``Bucket.open``; this constructor does not warm up."""
+        """Use ``Bucket.open`` (it opens ``storage``); this warms the vbuckets up from it."""
         self.config = config
         self.num_vbuckets = config.num_vbuckets
         self.storage = storage
@@ -52,14 +52,15 @@ class Bucket:
         self._memory = CheckpointMemory(
             config.checkpoint_memory_quota, self._memory_pressure,
             retain_seconds=config.checkpoint_retain_seconds, clock=clock)
-        self._dirty: set[int] = set()
         self._listeners: list[Callable[[int], None]] = []
-        self._vbuckets: list[VBucket] = []
-        self.flusher = Flusher(self)
+        self._vbuckets: list[VBucket] = []  # filled at warm-up; the flusher shares it
+        self.flusher = Flusher(self._vbuckets, storage, self._relieve_memory)
+        self._mark_dirty = self.flusher.mark_dirty
         self.compactor = Compactor(self)
         self.cursors_dropped = 0
         self.warmup_unclean = False
         self._closed = False
+        self._vbuckets.extend(warm_up(self))
 
     @classmethod
     def open(cls, data_dir: str | Path, config: EngineConfig | None = None, *,
@@ -77,7 +78,6 @@ class Bucket:
                               history_enabled=config.history_enabled)
         try:
             bucket = cls(config, storage, clock=clock, uuid_source=uuid_source)
-            bucket._vbuckets = warm_up(bucket)
         except BaseException:
             storage.close()
             raise
@@ -153,7 +153,7 @@ class Bucket:
         self._listeners.remove(fn)
 
     def _queued(self, vbid: int) -> None:
-        self._dirty.add(vbid)
+        self._mark_dirty(vbid)
         for fn in self._listeners:
             fn(vbid)
 
@@ -161,7 +161,7 @@ class Bucket:
         """What each vbucket's notification does, once for every vbucket in ``vbids``
         (writers that batch, ``VBucket.store_set``, notify here after the batch)."""
         if vbids:
-            self._dirty.update(vbids)
+            self.flusher.mark_dirty_many(vbids)
             for fn in self._listeners:
                 deque(map(fn, vbids), 0)  # call fn(vbid) for each, at C speed
 
@@ -193,6 +193,11 @@ class Bucket:
             return 0
         return sum(vb.checkpoints.release_retained() for vb in self._vbuckets)
 
+    def _relieve_memory(self) -> None:
+        """After a flush: persisted items may be freeable now, if memory is over quota."""
+        if self._memory.used > self._memory.quota:
+            self._memory_pressure()
+
     def _memory_pressure(self) -> None:
         """Get checkpoint memory back under the quota, cheapest step first.
 
@@ -220,7 +225,7 @@ class Bucket:
             candidates: list[tuple[int, int, Cursor]] = []
             for vb in self._vbuckets:
                 mgr = vb.checkpoints
-                if len(mgr._checkpoints) > 1:
+                if mgr.num_checkpoints > 1:
                     candidates.extend((pinned, vb.vbid, c) for pinned, c in
                                       mgr.droppable_cursors())
             candidates.sort(key=lambda t: t[0], reverse=True)
@@ -265,7 +270,7 @@ class Bucket:
             return
         self._closed = True
         try:
-            if clean and not self._dirty and self.flusher.in_flight is None:
+            if clean and not self.flusher.has_pending() and self.flusher.in_flight is None:
                 self.storage.write_states({}, clean_shutdown=True)
         finally:
             self.storage.close()

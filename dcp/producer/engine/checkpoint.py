@@ -1,4 +1,4 @@
-"""Checkpoints, cursors and the snapshots a cursor reads.
+"""Checkpoints, their wire log, cursor positions and the snapshots read from them.
 
 Rules of this module:
 - A checkpoint is a list of items in seqno order plus a dict key -> slot. Only the
@@ -9,20 +9,23 @@ Rules of this module:
   slot's seqno (ascending), so "the slot after seqno s" is a bisection whatever was
   removed. A position handed out earlier (``peek``) carries the ``gen`` it was taken at
   and is re-placed the same way when it comes back.
-- Checkpoints are chained oldest -> newest through ``next``; a cursor walks that chain
-  and never needs the manager to find its way.
-- A cursor hands out WHOLE snapshots only. A snapshot ends at a consistent point: the
-  end of a closed checkpoint or the open checkpoint's last item *at take() time*, and
-  its items are copied out then, so later dedup cannot change what was handed out. A
-  snapshot ending in the middle of a checkpoint could miss an item deduplicated by a
-  later one, which is why ``max_items`` is a soft limit that never splits a snapshot.
-- ``num_cursors`` on each checkpoint counts the cursors positioned in it; every cursor
-  move keeps it right, since it decides when a closed checkpoint may be freed.
+- Checkpoints are chained oldest -> newest through ``next``; reads from a cursor's
+  position (``checkpoint_reads.py``) walk that chain.
+- A ``Cursor`` is a passive record of a position: only its ``CheckpointManager`` moves
+  it (kv_engine's split: the manager owns every cursor move, so the bookkeeping below
+  has one writer). Reads hand out WHOLE snapshots only. A snapshot ends at a consistent
+  point: the end of a closed checkpoint or the open checkpoint's last item *at take()
+  time*, and its items are copied out then, so later dedup cannot change what was
+  handed out. A snapshot ending in the middle of a checkpoint could miss an item
+  deduplicated by a later one, which is why ``max_items`` is a soft limit that never
+  splits a snapshot.
+- ``num_cursors`` on each checkpoint counts the cursors positioned in it; the manager
+  keeps it right on every move, since it decides when a closed checkpoint may be freed.
 - The wire log: a checkpoint also keeps the DCP_MUTATION frame of every mutation slot,
   encoded once at queue time with opaque 0, back to back in one ``bytearray`` (``wire``;
   ``starts`` holds each slot's offset; a frame's length and seqno are read from its own
   header and extras when needed). Streams read runs of live mutation
-  slots as byte ranges (``Cursor.take_wire``), so sending a snapshot is a few copies of
+  slots as byte ranges (``CheckpointManager.take_wire``), so sending a snapshot is a few copies of
   contiguous memory plus a 4-byte opaque patch per frame, and never touches the items
   (scattered in memory: per-item reads were the cost; perf notes in docs/benchmarks.md).
   ``kinds`` has one byte per slot: 1 a live mutation (its frame is in the wire), 2 a
@@ -41,12 +44,10 @@ from __future__ import annotations
 import struct
 from array import array
 from bisect import bisect_right
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ...protocol.opcodes import SnapshotMarkerFlag
-
 if TYPE_CHECKING:
-    from .checkpoint_manager import CheckpointManager
     from .item import Item
 
 __all__ = ["Checkpoint", "Cursor", "CursorRegistration", "Snapshot", "WireRun", "WireSnapshot"]
@@ -59,8 +60,25 @@ DEAD_BYTE = bytes([DEAD])
 OTHER_BYTE = bytes([LIVE_OTHER])
 _BODYLEN = struct.Struct(">I").unpack_from  # at a frame's offset + 8
 _SEQNO = struct.Struct(">Q").unpack_from  # a mutation's by_seqno, at offset + 24
-_MEMORY = int(SnapshotMarkerFlag.MEMORY)
-_MEMORY_CHECKPOINT = int(SnapshotMarkerFlag.MEMORY | SnapshotMarkerFlag.CHECKPOINT)
+
+# Encoding of the wire log's frames (``CheckpointManager.queue``): opaque 0, a stream
+# patches its own in.
+MUTATION = 0x57
+frame_head = struct.Struct(">BBHBBHIIQ").pack
+frame_head_extras = struct.Struct(">BBHBBHIIQQQIIIHB").pack  # + mutation extras
+#: (key length, value length) -> pack of a whole mutation frame (header, extras, key,
+#: value) in one call; bounded, sizes beyond it are packed in three steps
+_FRAME_PACKS: dict[tuple[int, int], Callable[..., bytes]] = {}
+_FRAME_PACKS_MAX = 4096
+
+
+def frame_pack(kl: int, vl: int) -> Callable[..., bytes] | None:
+    """The one-call packer of a mutation frame with these key/value lengths (None once
+    the cache is full: the caller packs the header, key and value separately)."""
+    pack = _FRAME_PACKS.get((kl, vl))
+    if pack is None and len(_FRAME_PACKS) < _FRAME_PACKS_MAX:
+        pack = _FRAME_PACKS[(kl, vl)] = struct.Struct(f">BBHBBHIIQQQIIIHB{kl}s{vl}s").pack
+    return pack
 
 
 class Checkpoint:
@@ -244,146 +262,35 @@ class WireSnapshot:
 
 
 class Cursor:
-    """A named reader of one vbucket's checkpoints (a stream or the persistence cursor).
+    """A named reader's position in one vbucket's checkpoints (a stream or the
+    persistence cursor): a plain record, moved only by its ``CheckpointManager``
+    (``take``, ``take_wire``, ``advance_to``...); everyone else reads it.
 
-    ``last_seqno`` is the end of the last snapshot handed out (or the registration
-    seqno). ``dropped`` becomes True when memory pressure dropped the cursor; a dropped
-    cursor's ``take`` returns ``[]`` and the stream must backfill from disk.
+    ``checkpoint``/``offset``: the slot of the next read (``checkpoint`` None once the
+    cursor was removed or dropped). ``last_seqno`` is the end of the last snapshot handed
+    out (or the registration seqno). ``dropped`` becomes True when memory pressure
+    dropped the cursor: the manager hands it nothing more and the stream must backfill.
     """
 
-    __slots__ = ("_ckpt", "_manager", "_offset", "dropped", "last_seqno", "name")
+    __slots__ = ("checkpoint", "dropped", "last_seqno", "name", "offset")
 
-    def __init__(self, name: str, manager: CheckpointManager, ckpt: Checkpoint, offset: int,
-                 last_seqno: int) -> None:
+    def __init__(self, name: str, checkpoint: Checkpoint, offset: int, last_seqno: int) -> None:
         self.name = name
         self.dropped = False
         self.last_seqno = last_seqno
-        self._manager = manager
-        self._ckpt: Checkpoint | None = ckpt
-        self._offset = offset
-        ckpt.num_cursors += 1
+        self.checkpoint: Checkpoint | None = checkpoint
+        self.offset = offset
 
     @property
     def position(self) -> tuple[int, int]:
         """(checkpoint id, slot offset) of the next read; (-1, -1) once dropped."""
-        if self._ckpt is None:
+        if self.checkpoint is None:
             return (-1, -1)
-        return (self._ckpt.id, self._offset)
+        return (self.checkpoint.id, self.offset)
 
     @property
     def checkpoint_id(self) -> int:
-        return -1 if self._ckpt is None else self._ckpt.id
-
-    def take(self, max_items: int) -> list[Snapshot]:
-        """Whole snapshots after the cursor, stopping once >= ``max_items`` items.
-
-        Returns ``[]`` when there is nothing new or the cursor was dropped.
-        """
-        if self._ckpt is None:
-            return []
-        snaps, ckpt, offset, last = self._read(max_items)
-        self._move(ckpt, offset)
-        self.last_seqno = last
-        return snaps
-
-    def take_wire(self, max_items: int) -> list[WireSnapshot]:
-        """``take`` for streams: the same snapshots and cursor moves, as wire runs."""
-        ckpt = self._ckpt
-        if ckpt is None:
-            return []
-        off = self._offset
-        last = self.last_seqno
-        out: list[WireSnapshot] = []
-        n = 0
-        while True:
-            end = len(ckpt.items)
-            if off >= end:
-                nxt = ckpt.next
-                if nxt is None:
-                    break
-                ckpt, off = nxt, 0
-                continue
-            if n >= max_items:
-                break
-            segs, count, first = ckpt.segments(off, end)
-            last = ckpt.last_seqno  # slot end - 1: the last slot is never superseded
-            out.append(WireSnapshot(first, last, _MEMORY_CHECKPOINT if off == 0 else _MEMORY,
-                                    segs, count))
-            n += count
-            off = end
-        self._move(ckpt, off)
-        self.last_seqno = last
-        return out
-
-    def peek(self, max_items: int) -> tuple[list[Snapshot], tuple[Checkpoint, int, int, int]]:
-        """Like ``take`` but without moving; returns the position to ``advance_to`` later.
-
-        The flusher peeks at collect time and advances only once the batch is durable.
-        """
-        if self._ckpt is None:
-            return [], (None, 0, self.last_seqno, 0)  # type: ignore[return-value]
-        snaps, ckpt, offset, last = self._read(max_items)
-        return snaps, (ckpt, offset, last, ckpt.gen)
-
-    def advance_to(self, mark: tuple[Checkpoint, int, int, int]) -> None:
-        """Move to a position returned by ``peek`` (re-placed by seqno if the checkpoint
-        was compacted since)."""
-        ckpt, offset, last, gen = mark
-        if self._ckpt is None or ckpt is None:
-            return
-        if gen != ckpt.gen:
-            offset = ckpt.offset_after(last)
-        if ckpt.closed and offset >= len(ckpt.items) and ckpt.next is not None:
-            # all of a closed checkpoint is read: step out of it so it can be freed (it
-            # closed while this batch was being written, after ``_close_open`` moved
-            # the cursors that were at its end)
-            ckpt, offset = ckpt.next, 0
-        if (ckpt.id, offset) <= (self._ckpt.id, self._offset):
-            return
-        self._move(ckpt, offset)
-        self.last_seqno = last
-
-    def _read(self, max_items: int) -> tuple[list[Snapshot], Checkpoint, int, int]:
-        ckpt = self._ckpt
-        assert ckpt is not None
-        off = self._offset
-        last = self.last_seqno
-        out: list[Snapshot] = []
-        n = 0
-        while True:
-            items = ckpt.items
-            end = len(items)
-            if off >= end:
-                nxt = ckpt.next
-                if nxt is None:
-                    break
-                ckpt, off = nxt, 0
-                continue
-            if n >= max_items:
-                break
-            chunk = list(filter(None, items[off:end]))
-            last = chunk[-1].seqno
-            out.append(Snapshot(chunk[0].seqno, last,
-                                _MEMORY_CHECKPOINT if off == 0 else _MEMORY, chunk))
-            n += len(chunk)
-            off = end
-        return out, ckpt, off, last
-
-    def _move(self, ckpt: Checkpoint, offset: int) -> None:
-        old = self._ckpt
-        self._offset = offset
-        if ckpt is not old:
-            assert old is not None
-            old.num_cursors -= 1
-            ckpt.num_cursors += 1
-            self._ckpt = ckpt
-            self._manager.free_unreferenced()
-
-    def _detach(self) -> None:
-        """Leave the checkpoints for good (removed or dropped)."""
-        if self._ckpt is not None:
-            self._ckpt.num_cursors -= 1
-            self._ckpt = None
+        return -1 if self.checkpoint is None else self.checkpoint.id
 
     def __repr__(self) -> str:
         flag = " dropped" if self.dropped else ""

@@ -20,18 +20,24 @@ Rules of this module:
   state is a consistent point: persisted high seqno == last persisted snapshot end.
 - Vbuckets are visited round-robin from where the previous batch stopped, so a busy
   vbucket cannot starve the others; each vbucket's items are contiguous in the batch.
+- The flusher owns what it needs to know: the dirty set (vbuckets with unpersisted items
+  or state, marked through ``mark_dirty``/``mark_dirty_many`` by the bucket's
+  notification) and, per vbucket, the ``state_version`` it last persisted. It gets the
+  vbuckets, the storage and the bucket's memory relief as constructor arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from .item import Item
 from .records import VBStateRecord
 
 if TYPE_CHECKING:
-    from .bucket import Bucket
+    from .checkpoint_manager import PeekMark
+    from .storage import LmdbStorage
+    from .vbucket import VBucket
 
 __all__ = ["FlushBatch", "Flusher", "VBucketFlush"]
 
@@ -42,7 +48,7 @@ class VBucketFlush:
     __slots__ = ("high_seqno", "items", "mark", "snap_end", "snap_start", "state",
                  "state_version", "vbid")
 
-    def __init__(self, vbid: int, items: list[Item], state: VBStateRecord, mark: object,
+    def __init__(self, vbid: int, items: list[Item], state: VBStateRecord, mark: PeekMark,
                  state_version: int) -> None:
         self.vbid = vbid
         self.items = items
@@ -70,11 +76,26 @@ class FlushBatch:
 class Flusher:
     """Reads every vbucket's persistence cursor; see the module rules."""
 
-    __slots__ = ("_bucket", "_in_flight", "_listeners", "_next_vb", "batches_failed",
-                 "batches_written", "items_written", "last_error")
+    __slots__ = ("_dirty", "_in_flight", "_listeners", "_next_vb", "_persisted_versions",
+                 "_relieve_memory", "_storage", "_vbuckets", "batches_failed",
+                 "batches_written", "items_written", "last_error", "mark_dirty",
+                 "mark_dirty_many")
 
-    def __init__(self, bucket: Bucket) -> None:
-        self._bucket = bucket
+    def __init__(self, vbuckets: Sequence[VBucket], storage: LmdbStorage,
+                 relieve_memory: Callable[[], None]) -> None:
+        """``vbuckets``: the bucket's vbuckets, indexed by vbid (the bucket's own list,
+        filled at warm-up). ``relieve_memory()`` is called after every durable batch:
+        the items it persisted may now be freed (the bucket checks its quota)."""
+        self._vbuckets = vbuckets
+        self._storage = storage
+        self._relieve_memory = relieve_memory
+        self._dirty: set[int] = set()
+        #: ``mark_dirty(vbid)``: the vbucket has something to persist. The set's own
+        #: method, so the per-write notification costs what a set insert costs.
+        self.mark_dirty: Callable[[int], None] = self._dirty.add
+        #: ``mark_dirty_many(vbids)``: the same for a batch of vbuckets
+        self.mark_dirty_many: Callable[[Iterable[int]], None] = self._dirty.update
+        self._persisted_versions: dict[int, int] = {}  # vbid -> state_version persisted
         self._in_flight: FlushBatch | None = None
         self._next_vb = 0
         self._listeners: list[Callable[[int, int], None]] = []
@@ -104,8 +125,7 @@ class Flusher:
         """
         if self._in_flight is not None:
             raise RuntimeError("a flush batch is already in flight")
-        bucket = self._bucket
-        dirty = bucket._dirty
+        dirty = self._dirty
         if not dirty:
             return None
         start = self._next_vb
@@ -114,14 +134,16 @@ class Flusher:
             order = [v for v in order if v >= start] + [v for v in order if v < start]
         out: list[VBucketFlush] = []
         n = 0
-        vbs = bucket._vbuckets
+        vbs = self._vbuckets
+        persisted = self._persisted_versions
         for vbid in order:
             if n >= max_items:
                 self._next_vb = vbid
                 break
             vb = vbs[vbid]
-            snaps, mark = vb.checkpoints.persistence_cursor.peek(max_items - n)
-            version = vb._state_version
+            mgr = vb.checkpoints
+            snaps, mark = mgr.peek(mgr.persistence_cursor, max_items - n)
+            version = vb.state_version
             if snaps:
                 if len(snaps) == 1:
                     items = snaps[0].items
@@ -129,7 +151,7 @@ class Flusher:
                     items = [it for s in snaps for it in s.items]
                 last = snaps[-1]
                 rec = vb.state_record(last.end, last.start, last.end)
-            elif version != vb._persisted_state_version:
+            elif version != persisted.get(vbid, 0):
                 items = []
                 rec = vb.state_record(vb.persisted_seqno, vb.persisted_snap_start,
                                       vb.persisted_snap_end)
@@ -154,26 +176,25 @@ class Flusher:
         if batch is not self._in_flight:
             raise RuntimeError("complete() of a batch that is not in flight")
         self._in_flight = None
-        bucket = self._bucket
-        vbs = bucket._vbuckets
-        dirty = bucket._dirty
+        vbs = self._vbuckets
+        dirty = self._dirty
+        persisted = self._persisted_versions
         advanced: dict[int, int] = {}
         for vf in batch.vbuckets:
             vb = vbs[vf.vbid]
-            if vf.state_version > vb._persisted_state_version:
-                vb._persisted_state_version = vf.state_version
+            version = persisted.get(vf.vbid, 0)
+            if vf.state_version > version:
+                version = persisted[vf.vbid] = vf.state_version
             if vf.items:
-                vb.checkpoints.persistence_cursor.advance_to(vf.mark)
+                mgr = vb.checkpoints
+                mgr.advance_to(mgr.persistence_cursor, vf.mark)
                 vb.persisted_seqno = vf.high_seqno
                 vb.persisted_snap_start = vf.snap_start
                 vb.persisted_snap_end = vf.snap_end
                 advanced[vf.vbid] = vf.high_seqno
-            if (vb.persisted_seqno >= vb.high_seqno
-                    and vb._persisted_state_version == vb._state_version):
+            if vb.persisted_seqno >= vb.high_seqno and version == vb.state_version:
                 dirty.discard(vf.vbid)
-        mem = bucket._memory
-        if mem.used > mem.quota:  # persisted items may now be freeable
-            bucket._memory_pressure()
+        self._relieve_memory()  # persisted items may now be freeable
         self.batches_written += 1
         self.items_written += batch.num_items
         for fn in self._listeners:
@@ -195,17 +216,18 @@ class Flusher:
     def pending_items(self) -> int:
         """Seqnos not yet persisted, summed over vbuckets (an upper bound on items:
         deduplicated seqnos are counted too)."""
-        vbs = self._bucket._vbuckets
-        return sum(vbs[v].high_seqno - vbs[v].persisted_seqno for v in self._bucket._dirty)
+        vbs = self._vbuckets
+        return sum(vbs[v].high_seqno - vbs[v].persisted_seqno for v in self._dirty)
 
     def has_pending(self) -> bool:
-        return bool(self._bucket._dirty)
+        """True while some vbucket has items or a state change not yet persisted."""
+        return bool(self._dirty)
 
     def flush_all(self, max_items: int = 20_000) -> int:
         """Collect, write and complete until nothing is pending (blocking; for
         tests, tools and shutdown — the server uses the three steps). Returns items."""
         total = 0
-        storage = self._bucket.storage
+        storage = self._storage
         while (batch := self.collect(max_items)) is not None:
             try:
                 storage.write_batch(batch)

@@ -55,11 +55,10 @@ class VBucket:
     """One vbucket. Read the public attributes; change state only through methods."""
 
     __slots__ = ("_clock", "_config", "_expiries", "_index", "_max_cas", "_max_key",
-                 "_max_value", "_notify",
-                 "_persisted_state_version", "_state_version", "_storage", "_uuid_source",
+                 "_max_value", "_notify", "_storage", "_uuid_source",
                  "checkpoints", "failover_log", "high_seqno", "history_start",
                  "persisted_seqno", "persisted_snap_end", "persisted_snap_start",
-                 "purge_seqno", "state", "vbid")
+                 "purge_seqno", "state", "state_version", "vbid")
 
     def __init__(self, vbid: int, *, config: EngineConfig, memory: CheckpointMemory,
                  storage: LmdbStorage, clock: Callable[[], float],
@@ -89,8 +88,9 @@ class VBucket:
         self._index: dict[bytes, tuple] = {}
         self._expiries: list[tuple[int, int, bytes]] = []
         self._max_cas = max_cas
-        self._state_version = 0
-        self._persisted_state_version = 0
+        #: bumped by every state change: the flusher persists the state again until it
+        #: has written this version (flusher.py)
+        self.state_version = 0
 
     # ------------------------------------------------------------------ properties
 
@@ -130,7 +130,7 @@ class VBucket:
         self._state_changed()
 
     def _state_changed(self) -> None:
-        self._state_version += 1
+        self.state_version += 1
         self._notify(self.vbid)
 
     def state_record(self, high_seqno: int, snap_start: int, snap_end: int) -> VBStateRecord:
