@@ -10,10 +10,10 @@ Rules of this module:
   checkpoint at ``take()`` time, so later deduplication cannot change what a marker
   promised. A disk backfill is one logical snapshot ``[first, P]``; memory items with
   seqno <= P are skipped afterwards, so the hand-over has no gap and no duplicate.
-- Memory snapshots are read as wire runs (``CheckpointManager.take_wire``): byte ranges of frames
-  the checkpoint encoded once, copied into the send buffer with this stream's opaque
-  patched in; flow control and the batch size still cut between frames. Streams that
-  strip values (``no_value``) take items and encode each frame.
+- Memory snapshots are read as wire runs (``CheckpointManager.take_wire``): byte ranges
+  of frames the checkpoint encoded once, copied into the send buffer with this stream's
+  opaque patched in; flow control and the batch size still cut between frames. Streams
+  that strip values (``no_value``) take items and encode each frame.
 - A stream ends with OK only after a snapshot reaching its end seqno is completely out:
   a memory snapshot when its last segment is written, a disk snapshot when the backfill
   says it is done (its items arrive in chunks while it is being sent).
@@ -123,8 +123,7 @@ class ActiveStream:
         self.end_status: StreamEndStatus | None = None
         self._on_backfill = on_backfill
         self._queue: deque[Any] = deque()  # _Marker | list[Item] | WireRun | _BACKFILL_DONE
-        # frame output and the items list or wire run being sent (stream_frames.py)
-        self._writer = FrameWriter(self.vbid, opaque, options, start_seqno)
+        self._writer = FrameWriter(self.vbid, opaque, options, start_seqno)  # + what is sent
         self._cur_end = 0  # snapshot end of the snapshot being sent
         self._cur_disk = False  # the snapshot being sent is a disk (backfill) snapshot
         self._end_sent = False

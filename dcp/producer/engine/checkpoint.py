@@ -24,8 +24,8 @@ Rules of this module:
 - The wire log: a checkpoint also keeps the DCP_MUTATION frame of every mutation slot,
   encoded once at queue time with opaque 0, back to back in one ``bytearray`` (``wire``;
   ``starts`` holds each slot's offset; a frame's length and seqno are read from its own
-  header and extras when needed). Streams read runs of live mutation
-  slots as byte ranges (``CheckpointManager.take_wire``), so sending a snapshot is a few copies of
+  header and extras when needed). Streams read runs of live mutation slots as byte
+  ranges (``CheckpointManager.take_wire``), so sending a snapshot is a few copies of
   contiguous memory plus a 4-byte opaque patch per frame, and never touches the items
   (scattered in memory: per-item reads were the cost; perf notes in docs/benchmarks.md).
   ``kinds`` has one byte per slot: 1 a live mutation (its frame is in the wire), 2 a
