@@ -167,6 +167,7 @@ class BackfillScan:
         head = _RECORD_HEAD
         pack = _FRAME_HEAD
         crc = crc32c
+        shortest, residue, overhead = _SHORTEST, CRC_RESIDUE, _BODY_OVERHEAD
         wire = bytearray()
         starts = array("I")
         others: list[Item] | None = None
@@ -175,7 +176,7 @@ class BackfillScan:
         first = last = 0
         try:
             for k, raw in self._iter:  # type: ignore[union-attr]
-                if len(raw) < _SHORTEST or crc(raw) != CRC_RESIDUE:
+                if len(raw) < shortest or crc(raw) != residue:
                     self._done = True
                     raise checksum_error(vb, int.from_bytes(k[2:10], "big"), raw)
                 op, dt, cas, kl, _dtime, seqno = head(raw)
@@ -187,7 +188,7 @@ class BackfillScan:
                     others = None
                     starts.append(len(wire))
                     wire += pack(0x80, _DCP_MUTATION, kl, 31, dt, vb,
-                                 len(raw) - _BODY_OVERHEAD, opaque, cas)
+                                 len(raw) - overhead, opaque, cas)
                     wire += raw[16:-4]
                 else:
                     if starts:
