@@ -2,10 +2,12 @@
 
 No trio, no sockets, no clock: bytes in, frames out; fields in, bytes out.
 ``spec`` (construct) is the executable specification; ``codec`` and ``frames`` are the
-struct-based code that runs.
+struct-based code that runs, on the layouts of ``layout``. ``session.ClientSession`` is
+the client side of a connection (bytes in, ``events`` out) that every client shell
+drives.
 """
 
-from . import codec
+from . import codec, events, layout
 from .errors import (
     LocalProtocolError,
     ProtocolError,
@@ -15,6 +17,7 @@ from .errors import (
     for_status,
 )
 from .frames import DEFAULT_MAX_BODY_SIZE, HEADER_SIZE, Frame, FrameReader, encode_frame
+from .layout import vbucket_for_key
 from .opcodes import (
     SEQNO_MAX,
     Datatype,
@@ -30,11 +33,13 @@ from .opcodes import (
     StreamRequestFlag,
     VBucketState,
 )
+from .session import ClientSession
 
 __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
     "HEADER_SIZE",
     "SEQNO_MAX",
+    "ClientSession",
     "Datatype",
     "DcpOpenFlag",
     "DurabilityLevel",
@@ -56,5 +61,8 @@ __all__ = [
     "VBucketState",
     "codec",
     "encode_frame",
+    "events",
     "for_status",
+    "layout",
+    "vbucket_for_key",
 ]
