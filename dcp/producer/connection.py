@@ -18,10 +18,8 @@ Rules of this module:
   persisted or its deadline passes (then it becomes SYNC_WRITE_AMBIGUOUS, or ETMPFAIL
   without XERROR); later responses wait behind it, never past that deadline. The writer
   sleeps until the deadline of the entry that blocks it.
-- Limits (``_timers``, twice a second): a connection with no stream from which nothing
-  was read for ``kv_idle_timeout`` is closed; so is one whose incomplete frame
-  (``partial_since``) is older than ``partial_frame_timeout``; a DCP connection with
-  noops enabled is closed after ``idle_timeout`` without input.
+- Limits are enforced by the third task, ``conn_timers.run_timers`` (idle and
+  partial-frame timeouts, DCP noops).
 - Bad input never escapes this connection: a malformed frame gets EINVAL (or, when the
   byte stream itself is broken, the connection is closed); nothing here raises into the
   server's nursery except a bug.
@@ -40,9 +38,10 @@ import trio
 
 from ..protocol import codec
 from ..protocol.frames import FrameReader
-from ..protocol.opcodes import HelloFeature, Opcode, Status, StreamEndStatus
+from ..protocol.opcodes import HelloFeature, Status, StreamEndStatus
 from .active_stream import ActiveStream, StreamOptions
 from .buffer_log import BufferLog
+from .conn_timers import run_timers
 from .request_reader import read_requests
 
 if TYPE_CHECKING:
@@ -126,7 +125,7 @@ class Connection:
         self.bytes_out = 0
         self.frames_in = 0
         self._cancel = trio.CancelScope()
-        self._noop_at = self.opened_at
+        self.noop_sent_at = self.opened_at
 
     # ------------------------------------------------------------------ queueing
 
@@ -183,7 +182,7 @@ class Connection:
             with self._cancel:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer)
-                    nursery.start_soon(self._timers)
+                    nursery.start_soon(run_timers, self)
                     await read_requests(self)
                     nursery.cancel_scope.cancel()
         except* (trio.BrokenResourceError, trio.ClosedResourceError) as eg:
@@ -352,45 +351,6 @@ class Connection:
         if self.streams.get(stream.vbid) is stream:
             del self.streams[stream.vbid]
         self.server.unregister_stream(stream)
-
-    # ------------------------------------------------------------------ timers
-
-    async def _timers(self) -> None:
-        """DCP noops (once enabled and a stream exists) and the connection limits (see
-        the module rules)."""
-        cfg = self.server.config
-        metrics = self.server.metrics
-        while True:
-            await trio.sleep(min(self.noop_interval / 2, 0.5) if self.noop_enabled else 0.5)
-            now = trio.current_time()
-            since = self.partial_since
-            if since is not None and now - since > cfg.partial_frame_timeout:
-                log.warning("incomplete frame from id=%d peer=%s for %.1f s (%s s allowed); "
-                            "closing", self.id, self.peer, now - since,
-                            f"{cfg.partial_frame_timeout:g}")
-                metrics.partial_frame_closed += 1
-                self.close("partial frame timeout")
-                return
-            if not self.streams and now - self.last_read > cfg.kv_idle_timeout:
-                log.info("idle connection id=%d peer=%s: nothing read for %.0f s and no "
-                         "streams; closing", self.id, self.peer, now - self.last_read)
-                metrics.idle_closed += 1
-                self.close("idle timeout (kv_idle_timeout)")
-                return
-            if not self.noop_enabled or self.dcp_name is None:
-                continue
-            if now - self.last_read > cfg.idle_timeout:
-                log.warning("idle DCP client id=%d name=%s: nothing read for %.0f s; closing",
-                            self.id, self.dcp_name, now - self.last_read)
-                self.close("idle timeout")
-                return
-            if (self.streams or self.noops_sent) and not self.noop_pending:
-                if now - self._noop_at >= self.noop_interval:
-                    self.noop_pending = True
-                    self.noop_opaque = (self.noop_opaque + 1) & 0xFFFFFFFF
-                    self.noops_sent += 1
-                    self._noop_at = now
-                    self.respond(codec.request(Opcode.DCP_NOOP, opaque=self.noop_opaque))
 
     # ------------------------------------------------------------------ shutdown
 
