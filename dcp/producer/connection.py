@@ -381,5 +381,6 @@ class Connection:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "queued_response_bytes": self._response_bytes,
+            "unsent_bytes": self.unsent_bytes,
             "paused": bool(self.streams) and bl.state.value == "full",
         }
