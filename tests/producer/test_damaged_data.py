@@ -261,3 +261,23 @@ def test_sigterm_on_a_full_disk_exits_4_and_does_not_grow_the_map(tmp_path: Path
     assert "growing" not in text
     assert text.strip().splitlines()[-1] == (
         "dcp-server: stopped without persisting every acknowledged write (see the log above)")
+
+
+def test_a_file_truncated_under_the_running_server_dies_with_a_traceback_not_silently(
+        tmp_path: Path) -> None:
+    """No check can stop a mapped file from shrinking; the fault handler at least says
+    what happened, and the next start refuses the file."""
+    data = tmp_path / "data"
+    docs = _prepare(data, 400)
+    srv = Proc(SERVER, data)
+    try:
+        os.truncate(data / "data.mdb", 8192)  # only the two meta pages are left
+        c = Client(srv.port)
+        c.sock.sendall(b"".join(codec.request(
+            Opcode.GET, vbucket=codec.vbucket_for_key(k, NV), opaque=1, key=k) for k in docs))
+        assert srv.p.wait(30) == -signal.SIGBUS
+        c.close()
+    finally:
+        srv.kill()
+    assert "Fatal Python error: Bus error" in srv.text()
+    assert "is truncated" in _refused(data)
