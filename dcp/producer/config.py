@@ -46,7 +46,8 @@ class ServerConfig:
     noop_interval: float = 20.0
     #: Disconnect a DCP client from which nothing was read for this long (noops enabled).
     idle_timeout: float = 360.0
-    #: Max bytes queued for one connection before the server stops reading its requests.
+    #: Unsent output (queued answers + the buffer being written) of one connection above
+    #: which its requests are not handled until the client has read enough.
     connection_output_cap: int = 16 * 1024 * 1024
     #: Server-wide bound on output queued for all connections together; past it the
     #: connections holding the most unsent output are disconnected, worst first.

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .server import DcpServer
 
-__all__ = ["stat_pairs", "stat_units"]
+__all__ = ["stat_units"]
 
 Pairs = list[tuple[str, Any]]
 
@@ -194,7 +194,3 @@ def stat_units(server: DcpServer, group: str) -> Iterator[Pairs]:
         raise KeyError(name)
     return whole(server)
 
-
-def stat_pairs(server: DcpServer, group: str) -> Pairs:
-    """All pairs of ``group`` at once (in-process callers; the wire uses ``stat_units``)."""
-    return [pair for unit in stat_units(server, group) for pair in unit]
