@@ -9,7 +9,10 @@ Rules of this module:
 - The marker file (``MARKER``) is written beside the LMDB files once the store exists
   (``write_marker``); from then on a missing, empty or never-written ``data.mdb`` means
   data was lost, and the open is refused with a ``DataDirError`` instead of starting
-  empty. Stores written before the marker existed get it at their next open.
+  empty. Stores written before the marker existed get it at their next open; until then
+  LMDB's ``lock.mdb`` is the evidence: LMDB writes the meta pages of ``data.mdb`` when
+  it creates ``lock.mdb``, so a lock file beside a missing or empty data file means the
+  data file was lost too.
 - Every refusal is one line naming the file and the remedy. ``set_aside_damaged`` (the
   server's ``--reset-data``) acts only on a directory that fails these checks, and
   renames the damaged file rather than deleting it.
@@ -109,20 +112,24 @@ def check_data_files(data_dir: str | Path) -> None:
     d = Path(data_dir).resolve()
     data = d / DATA_FILE
     marker_exists = (d / MARKER).exists()
+    if marker_exists:
+        evidence = f"{d / MARKER} says this directory holds a bucket"
+    else:
+        evidence = f"{d / LOCK_FILE} shows an LMDB environment was created here"
+    lost = marker_exists or (d / LOCK_FILE).exists()
     try:
         size = data.stat().st_size
     except FileNotFoundError:
-        if marker_exists:
-            raise DataDirError(f"{data} is missing, but {d / MARKER} says this directory "
-                               f"holds a bucket; {_remedy(data)}") from None
+        if lost:
+            raise DataDirError(f"{data} is missing, but {evidence}; {_remedy(data)}") \
+                from None
         return
     except OSError as exc:
         raise DataDirError(f"cannot stat {data}: {exc.strerror}") from None
     if size == 0:
-        if marker_exists:
-            raise DataDirError(f"{data} is empty (0 bytes), but {d / MARKER} says this "
-                               f"directory holds a bucket; {_remedy(data)}")
-        return  # a store whose first open stopped before LMDB wrote anything
+        if lost:
+            raise DataDirError(f"{data} is empty (0 bytes), but {evidence}; {_remedy(data)}")
+        return
     try:
         metas = read_meta_pages(data)
     except OSError as exc:
