@@ -95,7 +95,7 @@ def test_overwrites_keep_only_the_newest_version_unless_history(open_bucket,
     for key, (seqno, value) in last.items():
         assert vb.key_meta(key)[0] == seqno
         assert value == vb.get(key).value
-    assert bucket.storage._disk_index[0] == {k: s for k, (s, _v) in last.items()}
+    assert bucket.storage.disk_keys(0) == {k: s for k, (s, _v) in last.items()}
     if history:
         assert len(got) > len(last)
     else:

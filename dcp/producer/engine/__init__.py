@@ -19,8 +19,12 @@ Module map::
     bucket.py             Bucket (facade, memory pressure / cursor dropping)
     flusher.py            Flusher, FlushBatch (collect -> write_batch -> complete)
     storage.py            LmdbStorage;  backfill.py  BackfillScan
-    compaction.py         Compactor (tombstone purge, history pruning)
-    warmup.py             warm-up and failover entries after an unclean shutdown
+      disk_index.py       DiskIndex (storage's key -> newest stored seqno, purge seqnos)
+      lmdb_compaction.py  compaction's write transaction, CompactionPlan/Result
+      store_format.py     the store's format checked (and migrated) at open
+    compaction.py         Compactor (the policy of a run; the vbuckets' side)
+    warmup.py             warm_up(storage, config) -> Warmup, which Bucket starts from;
+                          failover entries after an unclean shutdown
     records.py            on-disk layouts;  errors.py  StorageError, StorageFullError...
     datafiles.py          data directory checks before LMDB maps the file; the marker
 """

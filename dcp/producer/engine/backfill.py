@@ -25,18 +25,20 @@ Rules of this module:
 
 from __future__ import annotations
 
-import struct
 from array import array
 from typing import TYPE_CHECKING
 
 import lmdb
 
-from .checkpoint import WireRun
+from ...protocol.layout import HEADER, MUTATION_FRAME_OVERHEAD
+from .checkpoint import MUTATION, MUTATION_EXTLEN, REQUEST, WireRun
 from .errors import StorageError
 from .item import Item, ItemOp
 from .records import (
     CRC_RESIDUE,
     CRC_SIZE,
+    PREFIX,
+    PREFIX_SEQNO,
     RECORD_HEAD,
     VB_KEY,
     VBStateRecord,
@@ -48,12 +50,12 @@ from .records import (
 )
 
 #: a record's op, datatype, cas, key length (prefix) and by-seqno (first extras field)
-_RECORD_HEAD = struct.Struct(">BBQHIQ").unpack_from
-_FRAME_HEAD = struct.Struct(">BBHBBHIIQ").pack
+_RECORD_HEAD = PREFIX_SEQNO.unpack_from
+_FRAME_HEAD = HEADER.pack
 _MUTATION = int(ItemOp.MUTATION)
-_DCP_MUTATION = 0x57
 _SHORTEST = RECORD_HEAD + CRC_SIZE
-_BODY_OVERHEAD = 16 + CRC_SIZE  # record bytes that are not the DCP body
+_BODY_AT = PREFIX.size  # the DCP body starts after the record's prefix
+_BODY_OVERHEAD = _BODY_AT + CRC_SIZE  # record bytes that are not the DCP body
 
 if TYPE_CHECKING:
     from .storage import LmdbStorage
@@ -102,7 +104,7 @@ class BackfillScan:
         self._iter = None
         self._done = True
         self._storage = None
-        storage._scan_opened()  # may block while the map is being grown
+        storage.scan_opened()  # may block while the map is being grown
         self._storage = storage
         try:
             txn = storage.env.begin(buffers=False)
@@ -168,6 +170,9 @@ class BackfillScan:
         pack = _FRAME_HEAD
         crc = crc32c
         shortest, residue, overhead = _SHORTEST, CRC_RESIDUE, _BODY_OVERHEAD
+        body_at, trailer = _BODY_AT, -CRC_SIZE
+        req, dcp_mutation, extlen = REQUEST, MUTATION, MUTATION_EXTLEN
+        charge = MUTATION_FRAME_OVERHEAD
         wire = bytearray()
         starts = array("I")
         others: list[Item] | None = None
@@ -187,9 +192,9 @@ class BackfillScan:
                 if op == _MUTATION:
                     others = None
                     starts.append(len(wire))
-                    wire += pack(0x80, _DCP_MUTATION, kl, 31, dt, vb,
+                    wire += pack(req, dcp_mutation, kl, extlen, dt, vb,
                                  len(raw) - overhead, opaque, cas)
-                    wire += raw[16:-4]
+                    wire += raw[body_at:trailer]
                 else:
                     if starts:
                         segs.append(WireRun(None, wire, starts, len(wire)))
@@ -202,7 +207,7 @@ class BackfillScan:
                     it = decode_item(vb, raw)
                     others.append(it)
                     # the stream counts an item out as this (stream_frames.write_items)
-                    nbytes += 55 + len(it.key) + len(it.value)
+                    nbytes += charge + len(it.key) + len(it.value)
                 if not first:
                     first = seqno
                 last = seqno
@@ -241,8 +246,8 @@ class BackfillScan:
             except lmdb.Error:  # pragma: no cover - invalidated by a forced close
                 pass
         if self._storage is not None:
-            self._storage._scan_closed()
-            self._storage = None  # type: ignore[assignment]
+            self._storage.scan_closed()
+            self._storage = None
 
     def __enter__(self) -> BackfillScan:
         return self

@@ -31,7 +31,7 @@ from .flusher import Flusher
 from .item import GetResult, MutationResult
 from .storage import LmdbStorage
 from .vbucket import StoreMode, VBucket
-from .warmup import warm_up
+from .warmup import VBucketWarmup, Warmup, warm_up
 
 __all__ = ["Bucket"]
 
@@ -41,9 +41,10 @@ _MiB = 1024 * 1024
 class Bucket:
     """A bucket of ``config.num_vbuckets`` vbuckets persisted in one LMDB environment."""
 
-    def __init__(self, config: EngineConfig, storage: LmdbStorage, *,
+    def __init__(self, config: EngineConfig, storage: LmdbStorage, warmup: Warmup, *,
                  clock: Callable[[], float], uuid_source: Callable[[], int]) -> None:
-        """Use ``Bucket.open`` (it opens ``storage``); this warms the vbuckets up from it."""
+        """Use ``Bucket.open``: it opens ``storage`` and warms it up (``warm_up``); the
+        vbuckets start from ``warmup``. The bucket owns ``storage`` from here on."""
         self.config = config
         self.num_vbuckets = config.num_vbuckets
         self.storage = storage
@@ -53,14 +54,15 @@ class Bucket:
             config.checkpoint_memory_quota, self._memory_pressure,
             retain_seconds=config.checkpoint_retain_seconds, clock=clock)
         self._listeners: list[Callable[[int], None]] = []
-        self._vbuckets: list[VBucket] = []  # filled at warm-up; the flusher shares it
+        #: by vbid; the flusher and the compactor share this list
+        self._vbuckets: list[VBucket] = [self._start_vbucket(w) for w in warmup.vbuckets]
         self.flusher = Flusher(self._vbuckets, storage, self._relieve_memory)
         self._mark_dirty = self.flusher.mark_dirty
-        self.compactor = Compactor(self)
+        self.compactor = Compactor(self._vbuckets, config, clock)
         self.cursors_dropped = 0
-        self.warmup_unclean = False
+        #: the previous shutdown was unclean: warm-up added failover entries
+        self.warmup_unclean = warmup.unclean
         self._closed = False
-        self._vbuckets.extend(warm_up(self))
 
     @classmethod
     def open(cls, data_dir: str | Path, config: EngineConfig | None = None, *,
@@ -77,11 +79,20 @@ class Bucket:
                               map_size=config.map_size, sync=config.lmdb_sync,
                               history_enabled=config.history_enabled)
         try:
-            bucket = cls(config, storage, clock=clock, uuid_source=uuid_source)
+            warmup = warm_up(storage, config, uuid_source)
+            bucket = cls(config, storage, warmup, clock=clock, uuid_source=uuid_source)
         except BaseException:
             storage.close()
             raise
         return bucket
+
+    def _start_vbucket(self, w: VBucketWarmup) -> VBucket:
+        return VBucket(w.vbid, config=self.config, memory=self._memory, storage=self.storage,
+                       clock=self.clock, uuid_source=self.uuid_source, notify=self._queued,
+                       state=w.state, failover_log=w.failover_log, high_seqno=w.high_seqno,
+                       snap_start=w.snap_start, snap_end=w.snap_end,
+                       purge_seqno=w.purge_seqno, max_cas=w.max_cas,
+                       history_start=w.history_start, index=w.index)
 
     # ------------------------------------------------------------------ vbuckets
 

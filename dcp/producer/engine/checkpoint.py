@@ -47,6 +47,9 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ...protocol.layout import HDR_MUTATION, HEADER, HEADER_SIZE, MUTATION_EXTRAS, U32, U64
+from ...protocol.opcodes import Magic, Opcode
+
 if TYPE_CHECKING:
     from .item import Item
 
@@ -58,14 +61,17 @@ LIVE_FRAME = 1
 LIVE_OTHER = 2
 DEAD_BYTE = bytes([DEAD])
 OTHER_BYTE = bytes([LIVE_OTHER])
-_BODYLEN = struct.Struct(">I").unpack_from  # at a frame's offset + 8
-_SEQNO = struct.Struct(">Q").unpack_from  # a mutation's by_seqno, at offset + 24
+_BODYLEN = U32.unpack_from  # at a frame's offset + 8
+_SEQNO = U64.unpack_from  # a mutation's by_seqno, at offset + HEADER_SIZE
 
 # Encoding of the wire log's frames (``CheckpointManager.queue``): opaque 0, a stream
-# patches its own in.
-MUTATION = 0x57
-frame_head = struct.Struct(">BBHBBHIIQ").pack
-frame_head_extras = struct.Struct(">BBHBBHIIQQQIIIHB").pack  # + mutation extras
+# patches its own in. The layouts are dcp/protocol/layout.py's.
+MUTATION = int(Opcode.DCP_MUTATION)
+REQUEST = int(Magic.REQUEST)
+#: extras length of a DCP_MUTATION (by seqno, rev seqno, flags, expiry, lock, nmeta, nru)
+MUTATION_EXTLEN = MUTATION_EXTRAS.size
+frame_head = HEADER.pack
+frame_head_extras = HDR_MUTATION.pack  # + mutation extras
 #: (key length, value length) -> pack of a whole mutation frame (header, extras, key,
 #: value) in one call; bounded, sizes beyond it are packed in three steps
 _FRAME_PACKS: dict[tuple[int, int], Callable[..., bytes]] = {}
@@ -77,7 +83,7 @@ def frame_pack(kl: int, vl: int) -> Callable[..., bytes] | None:
     the cache is full: the caller packs the header, key and value separately)."""
     pack = _FRAME_PACKS.get((kl, vl))
     if pack is None and len(_FRAME_PACKS) < _FRAME_PACKS_MAX:
-        pack = _FRAME_PACKS[(kl, vl)] = struct.Struct(f">BBHBBHIIQQQIIIHB{kl}s{vl}s").pack
+        pack = _FRAME_PACKS[(kl, vl)] = struct.Struct(f"{HDR_MUTATION.format}{kl}s{vl}s").pack
     return pack
 
 
@@ -151,10 +157,10 @@ class Checkpoint:
                     stop = b
                 last = starts[stop - 1]
                 segs.append(WireRun(self, wire, starts[s:stop],
-                                    last + 24 + _BODYLEN(wire, last + 8)[0]))
+                                    last + HEADER_SIZE + _BODYLEN(wire, last + 8)[0]))
                 count += stop - s
                 if first < 0:
-                    first = _SEQNO(wire, starts[s] + 24)[0]
+                    first = _SEQNO(wire, starts[s] + HEADER_SIZE)[0]
                 s = stop
                 continue
             if k == LIVE_OTHER:
@@ -218,7 +224,7 @@ class WireRun:
 
     def seqno(self, i: int) -> int:
         """By-seqno of frame ``i`` (from its extras)."""
-        return _SEQNO(self.wire, self.starts[i] + 24)[0]
+        return _SEQNO(self.wire, self.starts[i] + HEADER_SIZE)[0]
 
     def count_upto(self, seqno: int) -> int:
         """How many frames have a seqno <= ``seqno`` (frames are in seqno order)."""

@@ -27,16 +27,18 @@ Rules of this module:
 
 from __future__ import annotations
 
-import struct
 from array import array
 from collections import deque
 from collections.abc import Callable
 
+from ...protocol.layout import HEADER_SIZE, MUTATION_FRAME_OVERHEAD, U32
 from .checkpoint import (
     DEAD,
     LIVE_FRAME,
     LIVE_OTHER,
     MUTATION,
+    MUTATION_EXTLEN,
+    REQUEST,
     Checkpoint,
     frame_head,
     frame_head_extras,
@@ -56,7 +58,11 @@ DEAD_SLOT_BYTES = 21
 #: a checkpoint closes before its wire reaches this (wire offsets are 32-bit)
 _WIRE_MAX = 3 << 30
 _MUT = MUTATION
-_BODYLEN = struct.Struct(">I").unpack_from
+_REQ = REQUEST
+_EXT = MUTATION_EXTLEN
+_HDR = HEADER_SIZE
+_OVERHEAD = MUTATION_FRAME_OVERHEAD
+_BODYLEN = U32.unpack_from
 
 
 class CheckpointMemory:
@@ -128,21 +134,21 @@ class CheckpointList:
         if item.op == _MUT:
             kl = len(key)
             if body:
-                flen = 24 + len(body)
-                wire += frame_head(0x80, _MUT, kl, 31, item.datatype, self.vbid, len(body), 0,
+                flen = _HDR + len(body)
+                wire += frame_head(_REQ, _MUT, kl, _EXT, item.datatype, self.vbid, len(body), 0,
                                    item.cas)
                 wire += body
             else:
                 vl = len(value)
-                flen = 55 + kl + vl
+                flen = _OVERHEAD + kl + vl
                 pack = frame_pack(kl, vl)
                 if pack is not None:
-                    wire += pack(0x80, _MUT, kl, 31, item.datatype, self.vbid, 31 + kl + vl, 0,
+                    wire += pack(_REQ, _MUT, kl, _EXT, item.datatype, self.vbid, _EXT + kl + vl, 0,
                                  item.cas, item.seqno, item.rev_seqno, item.flags, item.expiry,
                                  0, 0, 0, key, value)
                 else:
-                    wire += frame_head_extras(0x80, _MUT, kl, 31, item.datatype, self.vbid,
-                                              31 + kl + vl, 0, item.cas, item.seqno,
+                    wire += frame_head_extras(_REQ, _MUT, kl, _EXT, item.datatype, self.vbid,
+                                              _EXT + kl + vl, 0, item.cas, item.seqno,
                                               item.rev_seqno, item.flags, item.expiry, 0, 0, 0)
                     wire += key
                     wire += value
@@ -150,7 +156,7 @@ class CheckpointList:
             # A frame is charged as the DCP body it carries: its 24-byte header and the
             # per-slot entries are part of ITEM_OVERHEAD (they replace the body object a
             # queued mutation no longer has).
-            size = len(key) + len(value) + len(body) + flen - 24 + ITEM_OVERHEAD
+            size = len(key) + len(value) + len(body) + flen - _HDR + ITEM_OVERHEAD
         else:
             ckpt.kinds.append(LIVE_OTHER)
             size = len(key) + len(value) + len(body) + ITEM_OVERHEAD
@@ -162,8 +168,8 @@ class CheckpointList:
             size -= (len(old.key) + len(old.value) + len(old.body)  # type: ignore[union-attr]
                      + ITEM_OVERHEAD - DEAD_SLOT_BYTES)
             if ckpt.kinds[slot] == LIVE_FRAME:
-                dead = 24 + _BODYLEN(wire, ckpt.starts[slot] + 8)[0]
-                size -= dead - 24
+                dead = _HDR + _BODYLEN(wire, ckpt.starts[slot] + 8)[0]
+                size -= dead - _HDR
                 ckpt.wire_dead += dead
             ckpt.kinds[slot] = DEAD
         index[key] = len(items)
@@ -286,7 +292,7 @@ def compact_slots(ckpt: Checkpoint) -> bool:
         n_kinds.append(k)
         if k == LIVE_FRAME:
             a = starts[slot]
-            new += old[a:a + 24 + _BODYLEN(old, a + 8)[0]]
+            new += old[a:a + _HDR + _BODYLEN(old, a + 8)[0]]
     ckpt.items = n_items
     ckpt.starts = n_starts
     ckpt.kinds = n_kinds

@@ -26,6 +26,7 @@ import struct
 
 import google_crc32c
 
+from ...protocol.layout import MUTATION_EXTRAS, joined
 from .errors import ChecksumError
 from .item import Item, ItemOp
 
@@ -36,6 +37,7 @@ __all__ = [
     "ITEM_KEY",
     "ITEM_RECORD",
     "PREFIX",
+    "PREFIX_SEQNO",
     "VB_KEY",
     "VBStateRecord",
     "add_checksum",
@@ -60,6 +62,11 @@ VB_KEY = struct.Struct(">H")
 PREFIX = struct.Struct(">BBQHI")
 #: prefix + DCP mutation extras (seqno, rev, flags, expiry, lock time, nmeta, nru).
 ITEM_RECORD = struct.Struct(">BBQHIQQIIIHB")
+# the record's tail is the wire's mutation extras (module rules): spelled here so that the
+# disk format is versioned here, checked against dcp/protocol/layout.py
+assert ITEM_RECORD.format == joined(PREFIX, MUTATION_EXTRAS).format
+#: the prefix and the by-seqno (the first extras field): what a backfill reads first.
+PREFIX_SEQNO = struct.Struct(PREFIX.format + "Q")
 RECORD_HEAD = ITEM_RECORD.size  # 47
 _BODY_AT = PREFIX.size  # 16
 

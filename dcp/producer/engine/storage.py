@@ -10,16 +10,19 @@ Rules of this module:
   the server also runs them from one task. A write begins and ends inside one call
   (one thread), and either commits everything (items, deletions of superseded versions,
   vbucket state) or aborts and raises ``StorageError``/``StorageFullError``.
-- Blocking methods touch only LMDB and storage-private state: ``_disk_index`` (key ->
-  newest seqno on disk, per vbucket, needed to delete superseded versions; rebuilt at
-  warm-up) and the per-vbucket purge seqno / history start. Private state changes only
-  after a commit succeeded.
+- Blocking methods touch only LMDB and storage-private state, the ``DiskIndex``
+  (disk_index.py: key -> newest seqno on disk per vbucket, needed to delete superseded
+  versions, rebuilt at warm-up; the purge seqno / history start compaction raised). It
+  changes only after a commit succeeded.
+- Compaction's transaction is ``lmdb_compaction.compact_vbucket`` (this module's part,
+  split off to keep files small); ``compact`` runs it per vbucket and applies the result
+  to the ``DiskIndex``. The policy and the vbuckets' side are compaction.py's.
 - ``grow_map`` remaps the file: LMDB requires that no transaction be open, so it waits
   for open backfill scans to close and holds off new ones meanwhile.
 - Opening checks the data directory first (``datafiles.check_data_files``: a truncated,
-  emptied or missing ``data.mdb`` is refused before LMDB maps it) and writes the marker
-  once the store exists. A format-1 store (records without checksum) is migrated in the
-  opening transaction: every record gets its trailer, then the format becomes 2.
+  emptied or missing ``data.mdb`` is refused before LMDB maps it), then the store's
+  format in the opening transaction (``store_format.check_format``, which migrates a
+  format-1 store), and writes the marker once the store exists.
 - Every record served (``get``, backfill scans) is checked against its checksum first;
   a mismatch raises ``ChecksumError`` (and ``get`` logs it), never returns the bytes.
 - Errors are told apart (``_wrap``): only MDB_MAP_FULL is ``StorageFullError`` (a larger
@@ -39,24 +42,24 @@ import lmdb
 
 from .backfill import BackfillScan
 from .datafiles import MARKER, check_data_files, write_marker
-from .errors import DataDirError, DiskFullError, StorageError, StorageFullError
+from .disk_index import DiskIndex
+from .errors import DiskFullError, StorageError, StorageFullError
 from .item import Item
+from .lmdb_compaction import CompactionPlan, CompactionResult, compact_vbucket
 from .records import (
-    FORMAT_UNCHECKED,
     FORMAT_VERSION,
     ITEM_RECORD,
     VB_KEY,
     VBStateRecord,
-    add_checksum,
     checksum_error,
     decode_item,
     encode_item,
     item_key,
     record_intact,
 )
+from .store_format import check_format
 
 if TYPE_CHECKING:
-    from .compaction import CompactionPlan, CompactionResult
     from .flusher import FlushBatch
 
 __all__ = ["LmdbStorage"]
@@ -100,9 +103,7 @@ class LmdbStorage:
         self._scans_cond = threading.Condition()
         self._open_scans = 0
         self._growing = False
-        self._disk_index: list[dict[bytes, int]] = [{} for _ in range(num_vbuckets)]
-        self._purge_seqno = [0] * num_vbuckets
-        self._history_start = [0] * num_vbuckets
+        self._disk = DiskIndex(num_vbuckets)
         env = self.env
         try:
             with env.begin(write=True) as txn:
@@ -110,26 +111,10 @@ class LmdbStorage:
                 self.state_db = env.open_db(b"vbstate", txn=txn)
                 self._item_dbs = [env.open_db(b"seq:%04x" % vb, txn=txn)
                                   for vb in range(num_vbuckets)]
-                fmt = txn.get(b"format", db=self.meta_db)
-                nvb = txn.get(b"num_vbuckets", db=self.meta_db)
-                self.fresh = fmt is None
-                self.migrated = 0
-                if fmt is None:
-                    if marker:
-                        where = self.path.resolve()
-                        raise DataDirError(f"{where / 'data.mdb'} holds no bucket, but "
-                                           f"{where / MARKER} says it did; restore it from "
-                                           "a backup, or start with --reset-data")
-                    txn.put(b"format", b"%d" % FORMAT_VERSION, db=self.meta_db)
-                    txn.put(b"num_vbuckets", b"%d" % num_vbuckets, db=self.meta_db)
-                elif int(fmt) not in (FORMAT_VERSION, FORMAT_UNCHECKED) \
-                        or int(nvb or 0) != num_vbuckets:
-                    raise StorageError(f"{self.path} holds format {fmt!r} with {nvb!r} "
-                                       f"vbuckets; this engine needs {FORMAT_VERSION} / "
-                                       f"{num_vbuckets}")
-                elif int(fmt) == FORMAT_UNCHECKED:
-                    self.migrated = self._add_checksums(txn)
-                    txn.put(b"format", b"%d" % FORMAT_VERSION, db=self.meta_db)
+                fmt = check_format(txn, self.meta_db, self._item_dbs,
+                                   num_vbuckets=num_vbuckets, path=self.path, marker=marker)
+                #: a new store; records given a checksum by the format-1 migration
+                self.fresh, self.migrated = fmt.fresh, fmt.migrated
                 self.clean_shutdown = txn.get(_CLEAN, db=self.meta_db) == b"1"
             if not marker:
                 write_marker(self.path, {"format": FORMAT_VERSION,
@@ -144,19 +129,6 @@ class LmdbStorage:
             env.close()
             raise
 
-    def _add_checksums(self, txn: Any) -> int:
-        """Format 1 -> 2: append the checksum trailer to every record (in the opening
-        transaction, so a crash midway leaves the store in format 1). Returns records."""
-        n = 0
-        for db in self._item_dbs:
-            cur = txn.cursor(db=db)
-            more = cur.first()
-            while more:
-                cur.put(cur.key(), add_checksum(cur.value()))  # the cursor stays there
-                n += 1
-                more = cur.next()
-        return n
-
     def item_db(self, vb: int) -> Any:
         return self._item_dbs[vb]
 
@@ -170,15 +142,14 @@ class LmdbStorage:
                 vb = VB_KEY.unpack(k)[0]
                 rec = VBStateRecord.decode(v)
                 out[vb] = rec
-                self._purge_seqno[vb] = rec.purge_seqno
-                self._history_start[vb] = rec.history_start
+                self._disk.load_state(vb, rec)
         return out
 
     def scan_for_warmup(self, vb: int) -> Iterator[tuple]:
         """Yield (seqno, key, op, rev, cas, flags, expiry, datatype, delete_time) in seqno
         order for every stored record of ``vb``, rebuilding the disk key index as it goes.
         """
-        dindex = self._disk_index[vb]
+        dindex = self._disk.keys[vb]
         dindex.clear()
         with self.env.begin() as txn:
             for _k, v in txn.cursor(db=self._item_dbs[vb]):
@@ -186,6 +157,10 @@ class LmdbStorage:
                 key = v[_REC_HEAD:_REC_HEAD + kl]
                 dindex[key] = seqno
                 yield seqno, key, op, rev, cas, flags, exp, dt, dtime
+
+    def disk_keys(self, vb: int) -> dict[bytes, int]:
+        """A copy of ``vb``'s disk key index: key -> seqno of its newest stored version."""
+        return dict(self._disk.keys[vb])
 
     def disk_high_seqno(self, vb: int) -> int:
         """Highest seqno stored for ``vb`` (0 if none)."""
@@ -202,21 +177,11 @@ class LmdbStorage:
             try:
                 with self.env.begin(write=True) as txn:
                     for vb, rec in records.items():
-                        txn.put(VB_KEY.pack(vb), self._merged(vb, rec).encode(),
+                        txn.put(VB_KEY.pack(vb), self._disk.merged(vb, rec).encode(),
                                 db=self.state_db)
                     txn.put(_CLEAN, b"1" if clean_shutdown else b"0", db=self.meta_db)
             except lmdb.Error as exc:
                 raise _wrap(exc, "cannot write vbucket states") from exc
-
-    def _merged(self, vb: int, rec: VBStateRecord) -> VBStateRecord:
-        """``rec`` with the purge seqno / history start compaction may have raised."""
-        purge, hist = self._purge_seqno[vb], self._history_start[vb]
-        if rec.purge_seqno >= purge and rec.history_start >= hist:
-            return rec
-        rec = rec.copy()
-        rec.purge_seqno = max(rec.purge_seqno, purge)
-        rec.history_start = max(rec.history_start, hist)
-        return rec
 
     def write_batch(self, batch: FlushBatch) -> None:
         """Persist a flush batch in ONE transaction (blocking; run it in a worker thread).
@@ -240,7 +205,8 @@ class LmdbStorage:
             try:
                 state_db = self.state_db
                 item_dbs = self._item_dbs
-                disk_index = self._disk_index
+                disk_index = self._disk.keys
+                merged = self._disk.merged
                 put = txn.put
                 for vf in batch.vbuckets:
                     vb = vf.vbid
@@ -261,7 +227,7 @@ class LmdbStorage:
                             for old in list(filter(None, map(dindex.get, newest))):
                                 txn.delete(item_key(vb, old), db=db)
                         updates.append((dindex, newest))
-                    put(VB_KEY.pack(vb), self._merged(vb, vf.state).encode(), db=state_db)
+                    put(VB_KEY.pack(vb), merged(vb, vf.state).encode(), db=state_db)
                 if self.before_commit is not None:
                     self.before_commit(batch)
                 txn.commit()
@@ -292,10 +258,10 @@ class LmdbStorage:
         if raw is None:
             return None
         if not record_intact(raw):
-            exc = checksum_error(vb, seqno, raw)
+            damaged = checksum_error(vb, seqno, raw)
             log.error("%s (dcpctl inspect DATA_DIR check lists every damaged record)",
-                      exc.detail)
-            raise exc
+                      damaged.detail)
+            raise damaged
         return decode_item(vb, raw)
 
     def open_backfill(self, vb: int, start_seqno: int) -> BackfillScan:
@@ -304,7 +270,9 @@ class LmdbStorage:
             raise ValueError(f"vbucket {vb} out of range")
         return BackfillScan(self, vb, start_seqno)
 
-    def _scan_opened(self) -> None:
+    def scan_opened(self) -> None:
+        """A backfill scan is about to open its read transaction: wait while the map is
+        being grown (LMDB needs no open transaction then), count it as open."""
         with self._scans_cond:
             while self._growing:
                 self._scans_cond.wait()
@@ -312,7 +280,8 @@ class LmdbStorage:
                 raise StorageError("storage is closed")
             self._open_scans += 1
 
-    def _scan_closed(self) -> None:
+    def scan_closed(self) -> None:
+        """A scan closed its read transaction (``grow_map`` may be waiting for it)."""
         with self._scans_cond:
             self._open_scans -= 1
             self._scans_cond.notify_all()
@@ -324,27 +293,43 @@ class LmdbStorage:
     # ------------------------------------------------------------------ maintenance
 
     def compact(self, plan: CompactionPlan) -> CompactionResult:
-        """Purge old tombstones and prune history (blocking; see ``compaction``)."""
-        from .compaction import run_compaction
+        """Purge old tombstones and prune history (blocking; worker thread): one write
+        transaction per vbucket (``lmdb_compaction.compact_vbucket``), after whose commit
+        the disk index, purge seqno and history start follow the disk.
 
+        Raises:
+            StorageFullError, DiskFullError, StorageError: that vbucket's transaction was
+                aborted (the vbuckets before it stay compacted).
+        """
+        disk = self._disk
+        out = []
         with self._write_lock:
-            return run_compaction(self, plan)
+            for vb in plan.vbuckets:
+                try:
+                    with self.env.begin(write=True) as txn:
+                        vc = compact_vbucket(
+                            txn, vb, item_db=self._item_dbs[vb], state_db=self.state_db,
+                            disk_index=disk.keys[vb], purge_seqno=disk.purge_seqno[vb],
+                            history_start=disk.history_start[vb],
+                            history=self.history_enabled, plan=plan)
+                except lmdb.Error as exc:
+                    raise _wrap(exc, f"compaction of vb {vb} aborted") from exc
+                disk.compacted(vc)  # committed: the bookkeeping follows the disk
+                out.append(vc)
+        return CompactionResult(out)
 
-    # The three compaction steps under the names the server's tasks use.
-
+    # Transitional: the server's compaction task still calls these (bucket: Any, so that
+    # storage does not depend on the bucket); it should call ``bucket.compactor.plan``,
+    # ``compact`` and ``bucket.compactor.complete`` itself, then these go.
     def prepare_compaction(self, bucket: Any, now: float) -> CompactionPlan:
-        """Event-loop thread: ``bucket.compactor.plan(now)``."""
         return bucket.compactor.plan(now)
 
     def run_compaction(self, plan: CompactionPlan) -> CompactionResult:
-        """Worker thread: ``compact(plan)``."""
         return self.compact(plan)
 
     def complete_compaction(self, bucket: Any, plan: CompactionPlan,
                             result: CompactionResult) -> int:
-        """Event-loop thread: apply the bookkeeping; returns tombstones purged."""
-        bucket.compactor.complete(result)
-        return result.tombstones_purged
+        return bucket.compactor.complete(result)
 
     @property
     def map_size(self) -> int:

@@ -30,11 +30,11 @@ from .item import GetResult, Item, ItemOp, MutationResult
 from .records import VBStateRecord
 
 if TYPE_CHECKING:
-    from .compaction import VBucketCompaction
     from .config import EngineConfig
+    from .lmdb_compaction import VBucketCompaction
     from .storage import LmdbStorage
 
-__all__ = ["StoreMode", "VBucket"]
+__all__ = ["StoreMode", "VBucket", "build_key_index"]
 
 _ACTIVE = VBucketState.ACTIVE
 _MUTATION = int(ItemOp.MUTATION)
@@ -65,7 +65,10 @@ class VBucket:
                  uuid_source: Callable[[], int], notify: Callable[[int], None],
                  state: VBucketState, failover_log: FailoverTable, high_seqno: int = 0,
                  snap_start: int = 0, snap_end: int = 0, purge_seqno: int = 0,
-                 max_cas: int = 0, history_start: int = 0) -> None:
+                 max_cas: int = 0, history_start: int = 0,
+                 index: dict[bytes, tuple] | None = None) -> None:
+        """``index``: the key index warm-up rebuilt (``build_key_index``); the expiry
+        heap is rebuilt from it."""
         self.vbid = vbid
         self.state = VBucketState(state)
         self.failover_log = failover_log
@@ -85,8 +88,9 @@ class VBucket:
         self._clock = clock
         self._uuid_source = uuid_source
         self._notify = notify
-        self._index: dict[bytes, tuple] = {}
-        self._expiries: list[tuple[int, int, bytes]] = []
+        self._index: dict[bytes, tuple] = {} if index is None else index
+        self._expiries = [(e[4], e[0], k) for k, e in self._index.items() if e[4] and not e[6]]
+        heapq.heapify(self._expiries)
         self._max_cas = max_cas
         #: bumped by every state change: the flusher persists the state again until it
         #: has written this version (flusher.py)
@@ -304,25 +308,12 @@ class VBucket:
         """The raw index entry (seqno, rev, cas, flags, expiry, datatype, deleted)."""
         return self._index.get(key)
 
-    # ------------------------------------------------------------------ warm-up & compaction
+    # ------------------------------------------------------------------ compaction
 
-    def load_index(self, records: Iterable[tuple]) -> int:
-        """Rebuild key index and expiry heap from a warm-up scan; returns records read."""
-        index = self._index
-        n = 0
-        max_cas = self._max_cas
-        for seqno, key, op, rev, cas, flags, exp, dt, _dtime in records:
-            deleted = 0 if op == _MUTATION else 1
-            index[key] = (seqno, rev, cas, flags, exp, dt, deleted)
-            if cas > max_cas:
-                max_cas = cas
-            n += 1
-        self._max_cas = max_cas
-        self._expiries = [(e[4], e[0], k) for k, e in index.items() if e[4] and not e[6]]
-        heapq.heapify(self._expiries)
-        return n
-
-    def _compaction_done(self, vc: VBucketCompaction) -> None:
+    def apply_compaction(self, vc: VBucketCompaction) -> None:
+        """A compaction of this vbucket committed (compaction.py): its purged tombstones
+        leave the key index (unless a newer version was written since), its purge seqno
+        and history start rise (never fall)."""
         index = self._index
         for key, seqno in vc.purged:
             e = index.get(key)
@@ -336,3 +327,16 @@ class VBucket:
     def __repr__(self) -> str:
         return (f"VBucket({self.vbid}, {self.state.name}, high={self.high_seqno}, "
                 f"persisted={self.persisted_seqno}, uuid={self.uuid})")
+
+
+def build_key_index(records: Iterable[tuple], max_cas: int = 0
+                    ) -> tuple[dict[bytes, tuple], int]:
+    """The key index of a warm-up scan (``LmdbStorage.scan_for_warmup``: records in
+    seqno order, so the newest version of a key wins) and the highest CAS seen, at
+    least ``max_cas``. The index's tuple layout is this module's (module rules)."""
+    index: dict[bytes, tuple] = {}
+    for seqno, key, op, rev, cas, flags, exp, dt, _dtime in records:
+        index[key] = (seqno, rev, cas, flags, exp, dt, 0 if op == _MUTATION else 1)
+        if cas > max_cas:
+            max_cas = cas
+    return index, max_cas
