@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from dcp.producer.engine import StorageError
+from dcp.producer.engine import LmdbStorage, StorageError
 from dcp.producer.engine.records import VBStateRecord
-from dcp.producer.engine.warmup import failover_seqno_after_crash
+from dcp.producer.engine.warmup import failover_seqno_after_crash, warm_up
 from dcp.protocol.errors import KeyNotFound
 from dcp.protocol.opcodes import VBucketState
+
+from .conftest import small_config
 
 
 def test_new_bucket_has_one_failover_entry_at_0_per_vbucket(open_bucket, uuids) -> None:
@@ -116,3 +118,34 @@ def test_incompatible_data_dir_is_refused(open_bucket) -> None:
     b.close()
     with pytest.raises(StorageError):
         open_bucket(num_vbuckets=8)
+
+
+def test_warm_up_reads_storage_and_config_alone_and_clears_the_clean_marker(
+        open_bucket, tmp_path, uuids) -> None:
+    b = open_bucket()
+    b.set(1, b"a", b"1", expiry=2_000_000_000)
+    b.set(1, b"b", b"2")
+    b.delete(1, b"b")
+    cas_b = b.vbucket(1).key_meta(b"b")[2]
+    b.flusher.flush_all()
+    b.close()
+    cfg = small_config()
+    storage = LmdbStorage(tmp_path / "data", num_vbuckets=4, map_size=cfg.map_size,
+                          sync=False)
+    try:
+        assert storage.clean_shutdown
+        w = warm_up(storage, cfg, uuids)
+        assert not w.unclean and [v.vbid for v in w.vbuckets] == [0, 1, 2, 3]
+        vb1 = w.vbuckets[1]
+        assert (vb1.high_seqno, vb1.snap_end, vb1.state) == (3, 3, VBucketState.ACTIVE)
+        assert vb1.index[b"a"][0::4] == (1, 2_000_000_000) and vb1.index[b"b"][6] == 1
+        assert vb1.max_cas == cas_b
+        assert w.vbuckets[0].index == {}
+        assert storage.disk_keys(1) == {b"a": 1, b"b": 3}
+    finally:
+        storage.close()
+    storage = LmdbStorage(tmp_path / "data", num_vbuckets=4, map_size=cfg.map_size)
+    try:
+        assert not storage.clean_shutdown  # a crash from now on is unclean
+    finally:
+        storage.close()
