@@ -4,8 +4,8 @@ Rules of this module:
 - One LMDB environment per data dir. DBs: ``meta`` (format, clean-shutdown marker),
   ``vbstate`` (one ``VBStateRecord`` per vbucket) and one ``seq:XXXX`` DB per vbucket
   holding (vb, seqno) -> item record. One DB per vbucket keeps every flush an append
-  (``cursor.putmulti(append=True)``, perf-baseline §4: 2.4-3.5 M items/s), which a single
-  shared DB would only allow for the highest vbucket.
+  (``cursor.putmulti(append=True)``, measured at 2.4-3.5 M items/s), which a single
+  shared DB would only allow for the highest vbucket (docs/engine.md, "LMDB layout").
 - Single writer: ``write_batch``, ``write_states`` and ``compact`` take ``_write_lock``;
   the server also runs them from one task. A write begins and ends inside one call
   (one thread), and either commits everything (items, deletions of superseded versions,
