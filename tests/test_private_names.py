@@ -37,15 +37,6 @@ ALLOWED = frozenset({
     "dcp/consumer/reader.py: _stream",
     "dcp/consumer/reader.py: _streams",
     "dcp/producer/cli.py: _exit",  # os._exit: the documented way out after a fork/signal
-    "dcp/producer/dcp_handlers.py: _stream_finished",
-    "dcp/producer/kv_handlers.py: _value2member_map_",
-    "dcp/producer/kv_handlers.py: _vbuckets",
-    "dcp/producer/request_reader.py: _response_bytes",
-    "dcp/producer/request_reader.py: _sending",
-    "dcp/producer/tasks.py: _backfill_limiter",
-    "dcp/producer/tasks.py: _durable_event",
-    "dcp/producer/tasks.py: _flush_event",
-    "dcp/producer/tasks.py: _storage_lock",
 })
 
 

@@ -4,8 +4,8 @@ Rules of this module:
 - Synchronous and socket-free. The connection's writer calls ``fill(buf, ...)`` and the
   stream appends whole frames to ``buf`` (per-frame output is its ``FrameWriter``,
   ``stream_frames.py``, a collaborator owning the send position and frame counters);
-  the backfill task (``tasks.py``) feeds disk chunks in with ``push_backfill*``.
-  Nothing here awaits.
+  the backfill task (``Backfills.run``, backfills.py) feeds disk chunks in with
+  ``push_backfill*``. Nothing here awaits.
 - Whole snapshots only leave in order: a snapshot's items are copied out of the
   checkpoint at ``take()`` time, so later deduplication cannot change what a marker
   promised. A disk backfill is one logical snapshot ``[first, P]``; memory items with
@@ -116,7 +116,7 @@ class ActiveStream:
         self.backfill_from: int | None = None
         self.backfill_bytes = 0  # disk items buffered, awaiting the writer
         #: called (on the trio thread) whenever buffered disk bytes went out: the backfill
-        #: task waits on it instead of polling (tasks.run_backfill)
+        #: task waits on it instead of polling (Backfills.run)
         self.on_backfill_sent: Callable[[], None] | None = None
         self.backfills = 0
         self.cursor_drops = 0
@@ -128,6 +128,7 @@ class ActiveStream:
         self._cur_disk = False  # the snapshot being sent is a disk (backfill) snapshot
         self._end_sent = False
         self.announced = False  # its stream-request OK has been written
+        #: its connection, recorded by ``StreamRegistry.add`` (told when it is ready)
         self.conn: Any = None
 
     @property

@@ -45,6 +45,7 @@ from .conn_timers import run_timers
 from .request_reader import read_requests
 
 if TYPE_CHECKING:
+    from .dispatch import HandlerTable
     from .server import DcpServer
 
 __all__ = ["Connection", "Pending"]
@@ -78,8 +79,11 @@ class Pending:
 
 
 class Connection:
-    def __init__(self, server: DcpServer, stream: trio.SocketStream) -> None:
+    def __init__(self, server: DcpServer, stream: trio.SocketStream,
+                 handlers: HandlerTable | None = None) -> None:
         self.server = server
+        #: what the reader dispatches to (None: the server's table, dispatch.py)
+        self.handlers = handlers or server.handlers
         self.stream = stream
         self.id = next(_ids)
         try:
@@ -204,7 +208,7 @@ class Connection:
 
     def _release_streams(self) -> None:
         for stream in list(self.streams.values()):
-            self.server.unregister_stream(stream)
+            self.server.stream_registry.remove(stream)
             stream.release()
         self.streams.clear()
         self.ready.clear()
@@ -264,7 +268,7 @@ class Connection:
 
     def _take_responses(self, buf: bytearray, limit: int) -> None:
         q = self._responses
-        persisted = self.server.persisted_seqno
+        persisted = self.server.persistence.persisted_seqno
         now = -1.0
         self._blocked_until = math.inf
         while q and len(buf) < limit:
@@ -298,7 +302,7 @@ class Connection:
             log.warning("durable write timed out id=%d peer=%s vb=%d seqno=%d (persisted "
                         "%d): answered ambiguous; counted in durable_write_timeouts", self.id,
                         self.peer, entry.vbid, entry.seqno,
-                        self.server.persisted_seqno(entry.vbid))
+                        self.server.persistence.persisted_seqno(entry.vbid))
         metrics.durable_timeouts += 1
 
     def has_pending_durable(self) -> bool:
@@ -341,16 +345,17 @@ class Connection:
                         if not more:
                             self.ready.pop(stream, None)
                         if stream.is_dead:
-                            self._stream_finished(stream)
+                            self.stream_finished(stream)
                 if not buf:
                     break
                 await self._send(buf)
 
-    def _stream_finished(self, stream: ActiveStream) -> None:
+    def stream_finished(self, stream: ActiveStream) -> None:
+        """``stream`` is over (ended, or closed by the client): forget it."""
         self.ready.pop(stream, None)
         if self.streams.get(stream.vbid) is stream:
             del self.streams[stream.vbid]
-        self.server.unregister_stream(stream)
+        self.server.stream_registry.remove(stream)
 
     # ------------------------------------------------------------------ shutdown
 

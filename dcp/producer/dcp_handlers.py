@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..protocol import codec
@@ -185,12 +186,12 @@ def stream_req(conn: Connection, f: Frame) -> None:
     stream = ActiveStream(
         name=f"{conn.dcp_name}:{vbid}:{f.opaque}", vbucket=vb, opaque=f.opaque,
         start_seqno=decision.start, end_seqno=decision.end, options=conn.options,
-        history=conn.change_streams, on_backfill=server.start_backfill,
+        history=conn.change_streams, on_backfill=server.backfills.start,
     )
     conn.respond(codec.response(Opcode.DCP_STREAM_REQ, opaque=f.opaque,
                                 value=codec.failover_log_value(list(vb.failover_log.entries))))
     conn.streams[vbid] = stream
-    server.register_stream(conn, stream)
+    server.stream_registry.add(conn, stream)
     log.info("stream request name=%s vb=%d start=%d end=%d uuid=%d -> accepted", conn.dcp_name,
              vbid, decision.start, decision.end, decision.vb_uuid)
     stream.activate()
@@ -215,7 +216,7 @@ def close_stream(conn: Connection, f: Frame) -> None:
         conn.mark_ready(stream)
     else:
         stream.release()
-        conn._stream_finished(stream)
+        conn.stream_finished(stream)
 
 
 def get_failover_log(conn: Connection, f: Frame) -> None:
@@ -246,7 +247,7 @@ def handle_response(conn: Connection, f: Frame) -> None:
         conn.close(f"client rejected opcode 0x{f.opcode:02x}")
 
 
-DCP_HANDLERS = {
+DCP_HANDLERS: dict[int, Callable[[Connection, Frame], None]] = {
     Opcode.DCP_OPEN: dcp_open,
     Opcode.DCP_CONTROL: control,
     Opcode.DCP_STREAM_REQ: stream_req,

@@ -1,26 +1,51 @@
-"""Opcode -> handler table for client requests (KV and DCP share one port).
+"""The handler table for what clients send (KV and DCP share one port).
 
-Rules of this module: one table, no logic; an opcode not in it is answered
-UNKNOWN_COMMAND (never a disconnect), so clients can probe for features.
+Rules of this module: one table, no logic. ``HANDLERS`` is built once here and handed to
+each ``Connection`` by the server (a constructor argument), so the connection's reader
+imports no handler module. An opcode not in ``requests`` is answered UNKNOWN_COMMAND
+(never a disconnect), so clients can probe for features.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..protocol.frames import Frame
 from ..protocol.opcodes import Status
-from .dcp_handlers import DCP_HANDLERS
-from .kv_handlers import KV_HANDLERS
+from .dcp_handlers import DCP_HANDLERS, handle_response
+from .kv_handlers import KV_HANDLERS, set_run
 
 if TYPE_CHECKING:
     from .connection import Connection
 
-__all__ = ["HANDLERS", "unknown_command"]
+__all__ = ["HANDLERS", "Handler", "HandlerTable", "SetRun", "unknown_command"]
+
+#: A request (or response) handler: synchronous, queues its own answer.
+Handler = Callable[["Connection", Frame], None]
+#: The pipelined-SET fast path: (conn, buffer, position, end, max body, answers) ->
+#: (position after the SETs applied, SETs applied); see ``kv_handlers.set_run``.
+SetRun = Callable[["Connection", bytes, int, int, int, bytearray], tuple[int, int]]
 
 
 def unknown_command(conn: Connection, f: Frame) -> None:
     conn.error(f.opcode, Status.UNKNOWN_COMMAND, f.opaque, f"unknown opcode 0x{f.opcode:02x}")
 
 
-HANDLERS = {**KV_HANDLERS, **DCP_HANDLERS}
+@dataclass(frozen=True, slots=True)
+class HandlerTable:
+    """Who handles what a connection reads."""
+
+    #: client requests by opcode
+    requests: Mapping[int, Handler]
+    #: a request whose opcode is not in ``requests``
+    unknown: Handler
+    #: a client's response to something the server sent (noop replies...)
+    response: Handler
+    #: runs of plain SETs, straight from the received bytes
+    set_run: SetRun
+
+
+HANDLERS = HandlerTable(requests={**KV_HANDLERS, **DCP_HANDLERS}, unknown=unknown_command,
+                        response=handle_response, set_run=set_run)

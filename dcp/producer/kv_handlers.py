@@ -24,14 +24,21 @@ Rules of this module:
 
 from __future__ import annotations
 
-import struct
-import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..protocol import codec
 from ..protocol.errors import RemoteProtocolError, StatusError
 from ..protocol.frames import Frame, parse_frame_infos
+from ..protocol.layout import (
+    HDR_MUTATION_SEQNO,
+    HDR_STORE,
+    HEADER,
+    HEADER_SIZE,
+    MUTATION_SEQNO,
+    STORE_EXTRAS,
+    vbucket_for_key,
+)
 from ..protocol.opcodes import (
     DurabilityLevel,
     FrameInfoId,
@@ -58,11 +65,16 @@ _SUPPORTED_FEATURES = {
 _PERSIST_LEVELS = (DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
                    DurabilityLevel.PERSIST_TO_MAJORITY)
 _SET = int(Opcode.SET)
+_ADD = int(Opcode.ADD)
+_REPLACE = int(Opcode.REPLACE)
 _MUTATION_SEQNO = int(HelloFeature.MUTATION_SEQNO)
-_resp_seqno = struct.Struct(">BBHBBHIIQQQ").pack  # response header + vb_uuid + seqno
-_resp_plain = struct.Struct(">BBHBBHIIQ").pack
-_HDR_STORE = struct.Struct(">BBHBBHIIQII").unpack_from  # request header + SET extras
-_crc32 = zlib.crc32
+_STATES = frozenset(int(s) for s in VBucketState)
+_resp_seqno = HDR_MUTATION_SEQNO.pack  # response header + vb_uuid + seqno
+_resp_plain = HEADER.pack
+_HDR_STORE = HDR_STORE.unpack_from  # request header + SET extras
+_STORE_HEAD = HDR_STORE.size  # where a SET's key starts
+_STORE_EXTRAS = STORE_EXTRAS.size
+_SEQNO_EXTRAS = MUTATION_SEQNO.size
 
 
 def hello(conn: Connection, f: Frame) -> None:
@@ -92,10 +104,10 @@ def _check_key(f: Frame) -> bytes:
 
 
 def _routed(conn: Connection, f: Frame, key: bytes) -> bool:
-    """Clients route a key to ``crc32``'s vbucket (reference §9); a key sent elsewhere is
+    """Clients route a key with ``layout.vbucket_for_key``; a key sent elsewhere is
     NOT_MY_VBUCKET, so no write can land where other clients would never look for it."""
     n = conn.server.bucket.num_vbuckets
-    if f.vbucket < n and ((zlib.crc32(key) >> 16) & 0x7FFF) & (n - 1) == f.vbucket:
+    if f.vbucket < n and vbucket_for_key(key, n) == f.vbucket:
         return True
     conn.error(f.opcode, Status.NOT_MY_VBUCKET, f.opaque,
                f"key does not belong to vbucket {f.vbucket} of {n}")
@@ -111,7 +123,7 @@ def _write_response(conn: Connection, f: Frame, result: object) -> bytes:
 
 
 def _writable(conn: Connection, f: Frame) -> bool:
-    reason = conn.server.write_refusal()
+    reason = conn.server.persistence.write_refusal()
     if reason:
         conn.error(f.opcode, Status.ETMPFAIL, f.opaque, reason)
         return False
@@ -138,7 +150,7 @@ def _finish_write(conn: Connection, f: Frame, vbid: int, result: object) -> None
         timeout = timeout_ms / 1000 if timeout_ms else conn.server.config.durability_timeout
         conn.respond_when_persisted(vbid, result.seqno, frame,  # type: ignore[attr-defined]
                                     f.opcode, f.opaque, timeout)
-        conn.server.want_flush()
+        conn.server.persistence.want_flush()
     else:  # NONE and MAJORITY (one node: the write is in memory, as a majority's is)
         conn.respond(frame)
 
@@ -163,9 +175,7 @@ def store(conn: Connection, f: Frame) -> None:
     if not _routed(conn, f, key) or not _durability_ok(conn, f) or not _writable(conn, f):
         return
     bucket = conn.server.bucket
-    op = {Opcode.SET: bucket.set, Opcode.ADD: bucket.add, Opcode.REPLACE: bucket.replace}[
-        f.opcode
-    ]
+    op = {_SET: bucket.set, _ADD: bucket.add, _REPLACE: bucket.replace}[f.opcode]
     try:
         result = op(f.vbucket, key, bytes(f.value), flags=flags,
                     expiry=expiry, cas=f.cas, datatype=f.datatype)  # engine: relative <= 30 d
@@ -182,31 +192,37 @@ def set_run(conn: Connection, buf: bytes, pos: int, n: int, max_body: int,
     not handle (another request, an incomplete frame, anything ``store`` must check or
     answer with an error). Returns (position after the last SET applied, SETs applied).
 
-    The caller has checked ``server.write_refusal()`` for this chunk. One clock read and
+    The caller has checked ``Persistence.write_refusal()`` for this chunk. One clock read and
     one notification per vbucket for the whole run (``Bucket.queued_many``).
     """
-    bucket = conn.server.bucket
-    vbs = bucket._vbuckets
+    server = conn.server
+    bucket = server.bucket
+    vbs = server.vbuckets
     nvb = bucket.num_vbuckets
-    mask = nvb - 1
+    route = vbucket_for_key
+    head = _STORE_HEAD
+    hsize = HEADER_SIZE
+    store_extras = _STORE_EXTRAS
+    seqno_extras = _SEQNO_EXTRAS  # also the body length: the answer has no key or value
     seqno_answer = _MUTATION_SEQNO in conn.features
     now = bucket.clock()
     touched: set[int] = set()
     touch = touched.add
     count = 0
     try:
-        while n - pos >= 32:
+        while n - pos >= head:
             magic, op, kl, el, dt, vb, body, opq, cas, flags, exp = _HDR_STORE(buf, pos)
             # the same limits as FrameReader's; anything unusual goes the ordinary way
-            if op != _SET or magic != 0x80 or el != 8 or cas or not 0 < kl <= 250 or \
-                    8 + kl > body or body > max_body or vb >= nvb:
+            if op != _SET or magic != 0x80 or el != store_extras or cas or \
+                    not 0 < kl <= 250 or store_extras + kl > body or body > max_body or \
+                    vb >= nvb:
                 break
-            end = pos + 24 + body
+            end = pos + hsize + body
             if end > n:
                 break
-            k = pos + 32
+            k = pos + head
             key = buf[k:k + kl]
-            if ((_crc32(key) >> 16) & 0x7FFF) & mask != vb:
+            if route(key, nvb) != vb:
                 break  # misrouted: ``store`` answers NOT_MY_VBUCKET
             r = vbs[vb].store_set(key, buf[k + kl:end], flags, exp, dt, now)
             if r is None:
@@ -214,7 +230,8 @@ def set_run(conn: Connection, buf: bytes, pos: int, n: int, max_body: int,
             touch(vb)
             new_cas, uuid, seqno = r
             if seqno_answer:
-                out += _resp_seqno(0x81, _SET, 0, 16, 0, 0, 16, opq, new_cas, uuid, seqno)
+                out += _resp_seqno(0x81, _SET, 0, seqno_extras, 0, 0, seqno_extras, opq, new_cas,
+                                   uuid, seqno)
             else:
                 out += _resp_plain(0x81, _SET, 0, 0, 0, 0, 0, opq, new_cas)
             pos = end
@@ -222,7 +239,7 @@ def set_run(conn: Connection, buf: bytes, pos: int, n: int, max_body: int,
     finally:
         if count:
             bucket.queued_many(touched)
-            conn.server.metrics.ops[_SET] += count
+            server.metrics.ops[_SET] += count
     return pos, count
 
 
@@ -284,7 +301,7 @@ def get_all_vb_seqnos(conn: Connection, f: Frame) -> None:
     if n not in (0, 4, 8):
         raise RemoteProtocolError(f"GET_ALL_VB_SEQNOS: extras length {n}, expected 0, 4 or 8")
     want = codec.U32.unpack_from(f.extras)[0] if n else 0
-    if want and want not in VBucketState._value2member_map_:
+    if want and want not in _STATES:
         raise RemoteProtocolError(f"GET_ALL_VB_SEQNOS: unknown vbucket state {want}")
     bucket = conn.server.bucket
     pairs = []
@@ -301,7 +318,7 @@ def get_all_vb_seqnos(conn: Connection, f: Frame) -> None:
                                 value=codec.all_vb_seqnos_value(pairs)))
 
 
-KV_HANDLERS = {
+KV_HANDLERS: dict[int, Callable[[Connection, Frame], None]] = {
     Opcode.HELLO: hello,
     Opcode.VERSION: version,
     Opcode.NOOP: noop,

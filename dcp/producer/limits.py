@@ -85,7 +85,7 @@ async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
                     refused_logged_at = now
                 await trio.aclose_forcefully(stream)
                 continue
-            conn = Connection(server, stream)
+            conn = Connection(server, stream, server.handlers)
             # counted now, not when its task starts: a burst of accepts cannot overshoot
             server.connections.add(conn)
             metrics.connections_total += 1

@@ -3,7 +3,8 @@
 Rules of this module:
 - Incrementing a counter is an attribute add: no locks, no prometheus objects per
   operation. ``MetricsCollector.collect`` turns the ints and the server's live state into
-  Prometheus metric families only when someone scrapes.
+  Prometheus metric families only when someone scrapes, reading the server through
+  ``ServerView`` (server_view.py) only.
 - The HTTP endpoint is a tiny trio server (``serve_metrics``) in the server's nursery:
   ``GET /metrics`` only; anything else gets 404. No thread is started.
 """
@@ -21,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from ..protocol.opcodes import Opcode
 
 if TYPE_CHECKING:
-    from .server import DcpServer
+    from .server_view import ServerView
 
 __all__ = ["MetricsCollector", "ServerMetrics", "serve_metrics"]
 
@@ -65,9 +66,9 @@ def _opname(op: int) -> str:
 
 
 class MetricsCollector:
-    """A prometheus_client collector reading a live ``DcpServer``."""
+    """A prometheus_client collector reading a live server (its ``ServerView``)."""
 
-    def __init__(self, server: DcpServer) -> None:
+    def __init__(self, server: ServerView) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -106,8 +107,6 @@ class MetricsCollector:
         yield GaugeMetricFamily("dcp_output_bytes", "Output queued or being sent to all "
                                 "connections (bounded by total_output_cap)",
                                 value=s.output_bytes())
-        if s.bucket is None:
-            return
         b = s.bucket
         conns = GaugeMetricFamily("dcp_connections", "Open connections by type (kv, dcp)",
                                   labels=["type"])
@@ -148,13 +147,13 @@ class MetricsCollector:
                                   value=b.flusher.items_written)
 
 
-def render(server: DcpServer) -> bytes:
+def render(server: ServerView) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MetricsCollector(server))  # type: ignore[arg-type]
+    registry.register(MetricsCollector(server))
     return generate_latest(registry)
 
 
-async def _handle(server: DcpServer, stream: Any) -> None:
+async def _handle(server: ServerView, stream: Any) -> None:
     try:
         with trio.move_on_after(5):
             data = b""
@@ -179,10 +178,10 @@ async def _handle(server: DcpServer, stream: Any) -> None:
         await trio.aclose_forcefully(stream)
 
 
-async def serve_metrics(server: DcpServer, port: int, *,
+async def serve_metrics(server: ServerView, host: str, port: int, *,
                         task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``GET /metrics`` on ``port`` (0 = ephemeral; the bound port is reported)."""
-    listeners = await trio.open_tcp_listeners(port, host=server.config.host)
-    server.metrics_port = listeners[0].socket.getsockname()[1]
-    task_status.started(server.metrics_port)
+    """Serve ``GET /metrics`` on ``host``:``port`` (0 = ephemeral); the bound port is
+    what ``nursery.start`` returns."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    task_status.started(listeners[0].socket.getsockname()[1])
     await trio.serve_listeners(lambda st: _handle(server, st), listeners)

@@ -1,12 +1,13 @@
 """A connection's reader task: bytes in, requests handled, answers queued.
 
 Rules of this module:
-- Every complete frame of the buffer is handled synchronously (``kv_handlers`` /
-  ``dcp_handlers``); the reader never writes to the socket. Framing is done inline (the
-  same validation as ``dcp.protocol.FrameReader``: a header is checked before its body is
-  awaited) so that runs of plain SETs, the bulk of pipelined ingest, go to
-  ``kv_handlers.set_run`` without a ``Frame``; the fast path's answers are queued as one
-  response per run, in request order.
+- Every complete frame of the buffer is handled synchronously by the connection's
+  handler table (``conn.handlers``, dispatch.py; this module imports no handler); the
+  reader never writes to the socket. Framing is done inline (the same validation as
+  ``dcp.protocol.FrameReader``, with ``dcp.protocol.layout``'s header: a header is
+  checked before its body is awaited) so that runs of plain SETs, the bulk of pipelined
+  ingest, go to the table's ``set_run`` without a ``Frame``; the fast path's answers are
+  queued as one response per run, in request order.
 - Output is bounded per frame, not per read: before each frame (and each SET run) the
   reader checks the connection's unsent output (queued answers, the fast path's
   answers not yet queued, and the buffer being sent) against ``connection_output_cap``.
@@ -27,13 +28,13 @@ Rules of this module:
 from __future__ import annotations
 
 import logging
-import struct
 from typing import TYPE_CHECKING
 
 import trio
 
 from ..protocol.errors import RemoteProtocolError
 from ..protocol.frames import Frame
+from ..protocol.layout import ALT_MAGIC, HEADER, HEADER_SIZE, KNOWN_MAGIC
 from ..protocol.opcodes import Magic, Status
 
 if TYPE_CHECKING:
@@ -43,23 +44,25 @@ __all__ = ["read_requests"]
 
 log = logging.getLogger("dcp.conn")
 _RECEIVE_SIZE = 256 * 1024
-_HDR = struct.Struct(">BBHBBHIIQ").unpack_from
-_KNOWN_MAGIC = frozenset(int(m) for m in Magic)
-_ALT_MAGIC = frozenset((int(Magic.ALT_REQUEST), int(Magic.ALT_RESPONSE)))
+_HDR = HEADER.unpack_from
 _RESPONSES = frozenset((int(Magic.RESPONSE), int(Magic.ALT_RESPONSE)))
 
 
 async def read_requests(conn: Connection) -> None:
     """Serve ``conn``'s requests until the peer closes or the byte stream breaks."""
-    from .dcp_handlers import handle_response
-    from .dispatch import HANDLERS, unknown_command
-    from .kv_handlers import set_run
-
+    table = conn.handlers
+    handlers = table.requests
+    unknown_command = table.unknown
+    handle_response = table.response
+    set_run = table.set_run
     server = conn.server
+    registry = server.stream_registry
+    refusal_of = server.persistence.write_refusal
     cap = server.config.connection_output_cap
     max_body = conn.reader.max_body_size
+    hsize = HEADER_SIZE
     pending = b""  # bytes not yet handled: an incomplete frame, or frames held at the cap
-    need = 24
+    need = hsize
     resume = False  # ``pending`` holds whole frames held back at the cap: no read first
     while True:
         if resume:
@@ -83,20 +86,20 @@ async def read_requests(conn: Connection) -> None:
                     conn.partial_since = conn.last_read
                 continue
         n = len(buf)
-        need = 24
+        need = hsize
         pos = 0
         count = 0
         out = bytearray()  # answers of fast-path SETs, in order
         refusal: str | None = None
         held = False  # stopped at the output cap
         try:
-            while n - pos >= 24:
-                if conn._response_bytes + conn._sending + len(out) > cap:
+            while n - pos >= hsize:
+                if conn.unsent_bytes + len(out) > cap:
                     held = True
                     break
                 if buf[pos + 1] == 0x01 and buf[pos] == 0x80:  # a SET: maybe a run
                     if refusal is None:
-                        refusal = server.write_refusal()
+                        refusal = refusal_of()
                     if not refusal:
                         pos_after, done = set_run(conn, buf, pos, n, max_body, out)
                         if done:
@@ -104,10 +107,10 @@ async def read_requests(conn: Connection) -> None:
                             pos = pos_after
                             continue
                 magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
-                if magic in _ALT_MAGIC:
+                if magic in ALT_MAGIC:
                     fel = kl >> 8
                     kl &= 0xFF
-                elif magic in _KNOWN_MAGIC:
+                elif magic in KNOWN_MAGIC:
                     fel = 0
                 else:
                     raise RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
@@ -118,15 +121,15 @@ async def read_requests(conn: Connection) -> None:
                     raise RemoteProtocolError(
                         f"framing extras {fel} + extras {el} + key {kl} exceed body length "
                         f"{body} (opcode 0x{op:02x})")
-                end = pos + 24 + body
+                end = pos + hsize + body
                 if end > n:
-                    need = 24 + body
+                    need = hsize + body
                     break
                 count += 1
                 if out:  # answers stay in request order
                     conn.respond(bytes(out))
                     out = bytearray()
-                a = pos + 24
+                a = pos + hsize
                 b = a + fel
                 c = b + el
                 d = c + kl
@@ -136,7 +139,7 @@ async def read_requests(conn: Connection) -> None:
                 if magic in _RESPONSES:
                     handle_response(conn, frame)
                     continue
-                handler = HANDLERS.get(op, unknown_command)
+                handler = handlers.get(op, unknown_command)
                 try:
                     handler(conn, frame)
                 except RemoteProtocolError as exc:
@@ -160,7 +163,7 @@ async def read_requests(conn: Connection) -> None:
         if out:
             conn.respond(bytes(out))
         pending = buf[pos:] if pos < n else b""
-        server.wake_dirty()
+        registry.wake_dirty()
         if held:
             conn.partial_since = None  # waiting on our own output, not on the peer
             if conn.continuation is not None:

@@ -1,6 +1,8 @@
 """STAT groups, with Couchbase's key names where they exist.
 
-Rules of this module: read-only views of server state as ``(key, value)`` pairs. An
+Rules of this module: read-only views of server state as ``(key, value)`` pairs, read
+through ``ServerView`` (server_view.py: exactly what this module needs, nothing that
+changes anything). An
 unknown group raises ``KeyError`` (-> KEY_ENOENT), a bad argument ``ValueError``
 (-> EINVAL), both from ``stat_units`` itself, before any pair is produced. ``dcpctl`` and
 tests read these; cbstats-style tools can too.
@@ -31,14 +33,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .server import DcpServer
+    from .server_view import ServerView
 
 __all__ = ["stat_units"]
 
 Pairs = list[tuple[str, Any]]
 
 
-def _vbuckets(server: DcpServer, arg: str) -> range | list[int]:
+def _vbuckets(server: ServerView, arg: str) -> range | list[int]:
     n = server.bucket.num_vbuckets
     if not arg:
         return range(n)
@@ -51,7 +53,7 @@ def _vbuckets(server: DcpServer, arg: str) -> range | list[int]:
     return [vb]
 
 
-def _general(server: DcpServer) -> Iterator[Pairs]:
+def _general(server: ServerView) -> Iterator[Pairs]:
     b = server.bucket
     conns = server.connections
     m = server.metrics
@@ -81,12 +83,12 @@ def _general(server: DcpServer) -> Iterator[Pairs]:
     ]
 
 
-def _vbucket_seqno(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+def _vbucket_seqno(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:
     for vb in vbs:
         yield [(f"vb_{vb}:{k}", v) for k, v in server.bucket.vbucket(vb).stats_seqno().items()]
 
 
-def _failovers(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+def _failovers(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:
     for vb in vbs:
         entries = list(server.bucket.vbucket(vb).failover_log.entries)
         out: Pairs = [(f"vb_{vb}:num_entries", len(entries))]
@@ -96,12 +98,12 @@ def _failovers(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
         yield out
 
 
-def _checkpoint(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+def _checkpoint(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:
     for vb in vbs:
         yield _checkpoint_of(server, vb)
 
 
-def _checkpoint_of(server: DcpServer, vb: int) -> Pairs:
+def _checkpoint_of(server: ServerView, vb: int) -> Pairs:
     out: Pairs = []
     v = server.bucket.vbucket(vb)
     mgr = v.checkpoints
@@ -136,12 +138,12 @@ def _checkpoint_of(server: DcpServer, vb: int) -> Pairs:
     return out
 
 
-def _vbucket(server: DcpServer, vbs: range | list[int]) -> Iterator[Pairs]:
+def _vbucket(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:
     for vb in vbs:
         yield [(f"vb_{vb}", server.bucket.vbucket(vb).state.name.lower())]
 
 
-def _dcp(server: DcpServer) -> Iterator[Pairs]:
+def _dcp(server: ServerView) -> Iterator[Pairs]:
     producers = [c for c in server.connections if c.dcp_name]
     yield [
         ("ep_dcp_count", len(producers)),
@@ -158,7 +160,7 @@ def _dcp(server: DcpServer) -> Iterator[Pairs]:
         yield out
 
 
-def _dcp_streams(server: DcpServer) -> Iterator[Pairs]:
+def _dcp_streams(server: ServerView) -> Iterator[Pairs]:
     for c in [c for c in server.connections if c.dcp_name]:
         conn_stats = c.statistics()
         out: Pairs = [(f"conn:{c.id}", json.dumps(conn_stats, sort_keys=True))]
@@ -181,7 +183,7 @@ _PER_VBUCKET = {
 _WHOLE = {"": _general, "dcp": _dcp, "dcp-streams": _dcp_streams}
 
 
-def stat_units(server: DcpServer, group: str) -> Iterator[Pairs]:
+def stat_units(server: ServerView, group: str) -> Iterator[Pairs]:
     """The pairs of ``group``, one unit at a time (see the module rules). Raises
     ``KeyError`` / ``ValueError`` at once, not when iterated."""
     name, _, arg = group.partition(" ")

@@ -13,22 +13,25 @@ Rules of this module:
   at the batch size or the flow-control window, the last frame may overshoot.
 - With ``count_disk`` (the stream still has disk bytes charged) both return the bytes
   to count out, exactly as ``push_backfill_*`` charged them, or a backfill would keep
-  its connection's slot forever (tasks.run_backfill); the stream counts them out.
+  its connection's slot forever (``Backfills.run``); the stream counts them out.
+- Wire sizes come from ``dcp.protocol.layout``: the header struct, the mutation extras'
+  size and ``MUTATION_FRAME_OVERHEAD`` (the per-item charge of a disk item).
 """
 
 from __future__ import annotations
 
-import struct
 from bisect import bisect_left
 from typing import Any
 
 from ..protocol import codec
+from ..protocol.layout import HEADER, HEADER_SIZE, MUTATION_EXTRAS, MUTATION_FRAME_OVERHEAD
 from ..protocol.opcodes import Opcode
 from .engine.checkpoint import WireRun
 
 __all__ = ["FrameWriter", "cut_segments"]
 
-_HDR = struct.Struct(">BBHBBHIIQ").pack
+_HDR = HEADER.pack
+_MUT_EXTRAS = MUTATION_EXTRAS.size
 _MUT = Opcode.DCP_MUTATION
 _EXP = Opcode.DCP_EXPIRATION
 
@@ -65,6 +68,8 @@ class FrameWriter:
         i0 = i = self.i
         n = len(items)
         hdr = _HDR
+        hsize = HEADER_SIZE
+        extras = _MUT_EXTRAS
         vb = self.vbid
         opaque = self.opaque
         opts = self.options
@@ -80,8 +85,8 @@ class FrameWriter:
             if op == _MUT and fast and it.body:
                 body = it.body
                 kl = len(it.key)
-                frame_len = 24 + len(body)
-                buf += hdr(0x80, _MUT, kl, 31, it.datatype, vb, len(body), opaque, it.cas)
+                frame_len = hsize + len(body)
+                buf += hdr(0x80, _MUT, kl, extras, it.datatype, vb, len(body), opaque, it.cas)
                 buf += body
             else:
                 frame = self.encode_other(it)
@@ -103,7 +108,8 @@ class FrameWriter:
         if count_disk:
             # disk items are counted as they were charged (push_backfill_*), not by the
             # size of the frames this stream's options gave them
-            return sum(55 + len(it.key) + len(it.value) for it in items[i0:i])
+            overhead = MUTATION_FRAME_OVERHEAD
+            return sum(overhead + len(it.key) + len(it.value) for it in items[i0:i])
         return 0
 
     def write_run(self, buf: bytearray, buffer_log: Any, max_bytes: int,

@@ -152,8 +152,6 @@ async def test_an_idle_vbucket_whose_last_tombstone_was_purged_is_delivered_at_o
     """The disk snapshot's end seqno has no item (the tombstone was purged): the server
     says the snapshot is complete (SEQNO_ADVANCED) instead of leaving the SDK waiting for
     the vbucket's next change."""
-    from dcp.producer.tasks import compact_now
-
     async with running_server(tmp_path / "d", tombstone_purge_age=0.0,
                               checkpoint_retain_seconds=0) as server:
         async with kv(server) as k:
@@ -165,7 +163,7 @@ async def test_an_idle_vbucket_whose_last_tombstone_was_purged_is_delivered_at_o
         server.bucket.vbucket(vb).checkpoints.create_checkpoint()
         await server.flush_all()
         await trio.sleep(0.01)
-        assert await compact_now(server) == 1
+        assert await server.persistence.compact_now() == 1
         async with client(server, vbuckets=[vb]) as c:  # open-ended: no STREAM_END
             with trio.fail_after(5):
                 batch = await c.__anext__()

@@ -88,13 +88,13 @@ async def test_a_set_split_across_receives_is_applied_once(server, client) -> No
 
 
 async def test_writes_are_refused_with_etmpfail_while_storage_fails(server, client) -> None:
-    server.storage_error = "disk on fire"
+    server.persistence.storage_error = "disk on fire"
     keys = keys_for_vb(2, 3, 4)
     await client.send(b"".join(_set(2, k, b"v", i + 1) for i, k in enumerate(keys)))
     got = await _answers(client, 3)
     assert [f.status for f in got] == [Status.ETMPFAIL] * 3
     assert server.bucket.vbucket(2).high_seqno == 0
-    server.storage_error = None
+    server.persistence.storage_error = None
     f = await client.set(keys[0], b"ok")
     assert f.status == 0
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import trio
 
-from dcp.producer.tasks import compact_now
 from dcp.protocol import DcpOpenFlag, Opcode, Status, codec
 
 from .conftest import client_of, running_server
@@ -47,7 +46,7 @@ async def test_purged_tombstones_force_a_rollback_to_zero_below_the_purge_seqno(
             await c.set(keys[1], b"v2")
             await server.flush_all()
             await trio.sleep(0.01)
-            purged = await compact_now(server)
+            purged = await server.persistence.compact_now()
             vb = server.bucket.vbucket(2)
             assert purged == 1 and vb.purge_seqno == 5
             uuid = vb.uuid
@@ -70,7 +69,7 @@ async def test_a_disk_snapshot_ending_in_a_purged_tombstone_ends_with_seqno_adva
             server.bucket.vbucket(2).checkpoints.create_checkpoint()
             await server.flush_all()
             await trio.sleep(0.01)
-            assert await compact_now(server) == 1
+            assert await server.persistence.compact_now() == 1
             for on in (True, False):
                 async with client_of(server) as d:
                     await d.dcp_open(f"t-adv-{on}")

@@ -230,9 +230,7 @@ async def test_a_bounded_stream_whose_range_has_no_items_left_still_ends(tmp_pat
             await c.set_many([(b"a", b"1"), (b"b", b"2")])
             await c.delete(b"b")  # seqno 3: a tombstone, then purged
             await srv.flush_all()
-            from dcp.producer.tasks import compact_now
-
-            assert await compact_now(srv) == 1
+            assert await srv.persistence.compact_now() == 1
     async with running_server(tmp_path / "d", num_vbuckets=1) as server:
         async with client_of(server) as c:
             await c.dcp_open("t-empty-tail")

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from dcp.producer.tasks import compact_now
 from dcp.protocol import DcpOpenFlag, HelloFeature, Opcode, codec
 
 from .conftest import client_of, running_server
@@ -103,7 +102,7 @@ async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> 
             server.bucket.vbucket(3).checkpoints.create_checkpoint()
             await server.flush_all()
             await trio.sleep(0.01)
-            assert await compact_now(server) >= 1
+            assert await server.persistence.compact_now() >= 1
             await c.dcp_open("tshark-adv", DcpOpenFlag.PRODUCER)
             await c.control("send_seqno_advanced", "true")
             await c.stream_req(3)

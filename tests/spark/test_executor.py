@@ -278,8 +278,6 @@ def test_expirations_and_deletions_have_their_own_op(tmp_path):
 def test_a_range_ending_in_a_purged_tombstone_completes_without_a_later_change(tmp_path):
     """The range's last seqno was a deletion whose tombstone compaction purged: the disk
     has no item there, the server says so (SEQNO_ADVANCED) and the read finishes."""
-    from dcp.producer.tasks import compact_now
-
     s = ThreadServer(tmp_path / "d", num_vbuckets=4, tombstone_purge_age=0,
                      checkpoint_retain_seconds=0)
     try:
@@ -295,7 +293,7 @@ def test_a_range_ending_in_a_purged_tombstone_completes_without_a_later_change(t
 
         s.call(new_checkpoints)
         s.flush()
-        assert trio.from_thread.run(compact_now, s.server, trio_token=s._token) == 1
+        assert trio.from_thread.run(s.server.persistence.compact_now, trio_token=s._token) == 1
         ranges = [VbRange(vb, logs[vb][0][0], 0, h) for vb, h in highs.items() if h]
         t0 = time.monotonic()
         rows = _read(s, ranges, timeout="3", retryTimeout="3")

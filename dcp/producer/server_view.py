@@ -1,0 +1,68 @@
+"""ServerView: the read-only face of a running server that STAT and metrics read.
+
+Rules of this module:
+- Protocols only, no code: ``ServerView`` lists exactly what ``stats.py`` and
+  ``metrics.py`` read (the bucket, the counters, the settings, the connections'
+  statistics and streams, a few derived figures), all read-only. ``DcpServer`` satisfies
+  it structurally; a test may pass any object that does. Nothing that reads through it
+  can start, stop, flush or reconfigure anything.
+- A member is added here only when a reader needs it, so this file is the list of what
+  reporting depends on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .active_stream import ActiveStream
+    from .config import ServerConfig
+    from .engine import Bucket
+    from .metrics import ServerMetrics
+
+__all__ = ["ConnectionView", "ServerView"]
+
+
+class ConnectionView(Protocol):
+    """What reporting reads of one connection."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def dcp_name(self) -> str | None: ...
+
+    @property
+    def streams(self) -> Mapping[int, ActiveStream]: ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+
+class ServerView(Protocol):
+    """What reporting reads of the server (see the module rules)."""
+
+    @property
+    def bucket(self) -> Bucket: ...
+
+    @property
+    def config(self) -> ServerConfig: ...
+
+    @property
+    def metrics(self) -> ServerMetrics: ...
+
+    @property
+    def connections(self) -> Collection[ConnectionView]: ...
+
+    @property
+    def storage_error(self) -> str | None: ...
+
+    def uptime(self) -> float: ...
+
+    def output_bytes(self) -> int:
+        """Output all connections hold (queued answers and buffers being sent)."""
+        ...
+
+    def streams(self) -> list[ActiveStream]: ...
+
+    def streams_of(self, vbid: int) -> list[ActiveStream]: ...
