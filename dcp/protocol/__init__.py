@@ -4,7 +4,8 @@ No trio, no sockets, no clock: bytes in, frames out; fields in, bytes out.
 ``spec`` (construct) is the executable specification; ``codec`` and ``frames`` are the
 struct-based code that runs, on the layouts of ``layout``. ``session.ClientSession`` is
 the client side of a connection (bytes in, ``events`` out) that every client shell
-drives.
+drives; ``server_session.ServerSession`` is the server side (framing of requests, noops,
+flow control with ``buffer_log.BufferLog``) that the producer's connection drives.
 """
 
 from . import codec, events, layout
@@ -33,6 +34,7 @@ from .opcodes import (
     StreamRequestFlag,
     VBucketState,
 )
+from .server_session import ServerSession
 from .session import ClientSession
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "RollbackRequired",
+    "ServerSession",
     "SnapshotMarkerFlag",
     "Status",
     "StatusError",

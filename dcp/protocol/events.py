@@ -7,8 +7,9 @@ Rules of this module:
   (``dcp.consumer`` re-exports them); they never travel alone: a run of items of one
   stream arrives as one ``Items`` event, so the per-item cost is the item itself.
 - Events name their stream by the opaque of its stream request and carry its vbucket.
-  Events of the client side (``dcp.protocol.session.ClientSession``) are defined here;
-  a server-side session's events (requests from clients) can live beside them.
+  Events of the client side (``dcp.protocol.session.ClientSession``) are defined here,
+  and the one event of the server side (``server_session.ServerSession``) that is not a
+  client's request frame: ``Rejected``.
 - No I/O, no trio.
 """
 
@@ -23,6 +24,7 @@ __all__ = [
     "Items",
     "Marker",
     "Mutation",
+    "Rejected",
     "SeqnoAdvanced",
     "SnapshotDone",
     "StreamEnded",
@@ -114,7 +116,7 @@ class Expiration:
 
 
 class _Event:
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{s}={getattr(self, s)!r}" for s in self.__slots__)
@@ -234,3 +236,16 @@ class Answer(_Event):
     def __init__(self, opaque: int, result: Any) -> None:
         self.opaque = opaque
         self.result = result
+
+
+class Rejected(_Event):
+    """Server side: the client answered a DCP message the server sent (``opcode``, with
+    the stream's ``opaque``) with an error ``status``. kv_engine closes such a
+    connection: the client cannot take the stream as it is sent."""
+
+    __slots__ = ("opaque", "opcode", "status")
+
+    def __init__(self, opaque: int, opcode: int, status: int) -> None:
+        self.opaque = opaque
+        self.opcode = opcode
+        self.status = status
