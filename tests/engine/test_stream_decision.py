@@ -1,4 +1,4 @@
-"""decide_stream_request follows reference §5.4 step by step (table-driven)."""
+"""decide_stream_request follows protocol_spec/README.md §8 step by step (table-driven)."""
 
 from __future__ import annotations
 

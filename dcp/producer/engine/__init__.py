@@ -10,7 +10,7 @@ Module map::
     config.py             EngineConfig
     item.py               Item, ItemOp, MutationResult, GetResult
     failover.py           FailoverTable
-    stream_decision.py    decide_stream_request -> StreamDecision (pure, reference §5.4)
+    stream_decision.py    decide_stream_request -> StreamDecision (pure, protocol_spec/README.md §8)
     checkpoint.py         Checkpoint (+ wire log), Cursor (a position), Snapshot,
                           CursorRegistration
     checkpoint_list.py    CheckpointList (queue, compaction, freeing), CheckpointMemory

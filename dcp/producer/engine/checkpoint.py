@@ -3,7 +3,7 @@
 Rules of this module:
 - A checkpoint is a list of items in seqno order plus a dict key -> slot. Only the
   *open* checkpoint deduplicates: a newer item for a key it holds sets the old slot to
-  ``None`` and is appended (perf-baseline §5, design F: 2.5 M appends/s). Superseded
+  ``None`` and is appended (appending beats removing from the middle of a list). Superseded
   slots are removed only by compaction (``CheckpointManager``), which bumps ``gen`` and
   re-places every cursor in the checkpoint from its ``last_seqno``: ``seqnos`` keeps each
   slot's seqno (ascending), so "the slot after seqno s" is a bisection whatever was

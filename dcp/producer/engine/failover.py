@@ -1,6 +1,6 @@
 """The failover log of one vbucket: (vbucket uuid, seqno) history branches, newest first.
 
-Rules of this module (reference §5.3):
+Rules of this module (protocol_spec/README.md §8):
 - Always at least one entry; a new vbucket starts with ``(random uuid, 0)``. A uuid is a
   random non-zero 64-bit value, drawn from the injected ``uuid_source``.
 - A new entry is created when a vbucket becomes active from another state (not a

@@ -3,7 +3,7 @@
 Rules of this module:
 - An ``Item`` is created once, when the change gets its seqno, and never modified after
   that (read-only by convention; slotted, positional constructor for speed: an item is
-  built on every write, perf-baseline §6).
+  built on every write).
 - A mutation's wire form is encoded once: a queued mutation's whole DCP frame goes into
   its checkpoint's wire log (``checkpoint.py``) and the item itself carries
   ``body == b""``; a mutation read back from disk (backfill) carries its stored DCP body
@@ -31,7 +31,7 @@ class ItemOp(IntEnum):
 
 
 #: Bytes charged per queued item on top of key, value and body: the object, its ints,
-#: the list slot and the checkpoint's key-index entry (perf-baseline §5: ~280-380 B per
+#: the list slot and the checkpoint's key-index entry (measured ~280-380 B per
 #: 100-byte mutation in all).
 ITEM_OVERHEAD = 200
 

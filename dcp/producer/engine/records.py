@@ -16,8 +16,8 @@ Rules of this module:
   warm-up, which reads only the fixed head of every record, does not (docs/engine.md).
 - Format 1 (before checksums) differs only by the missing trailer; ``LmdbStorage``
   migrates such a store at open (``add_checksum``).
-- Records carry the key, so warm-up rebuilds key -> seqno from one scan (perf-baseline
-  rec. 9a) instead of keeping a random-key index on disk.
+- Records carry the key, so warm-up rebuilds key -> seqno from one scan instead of
+  keeping a random-key index on disk.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The stream-request decision: accept, roll back, or refuse — one pure function.
 
 Rules of this module:
-- ``decide_stream_request`` follows reference §5.4 *exactly and in its order*:
+- ``decide_stream_request`` follows protocol_spec/README.md §8 exactly and in order:
   pre-checks, then the rollback decision (kv_engine ``FailoverTable::needsRollback``),
   then the post-checks (``adjustSeqnosForStreamRequest``). Every numbered step below is
-  the step of the same number in the reference; tests are table-driven over them.
+  the step of the same number there; tests are table-driven over them.
 - Pure: it reads only its arguments. No vbucket, no clock, no I/O. Rollback is a
-  query, not a side effect (STYLE.md §3): the server acts on the returned decision.
+  query, not a side effect: the server acts on the returned decision.
 - Outcomes are an enum (``DecisionKind``) with the mcbp ``Status`` to answer.
 - Checks that need connection state (noop enabled for xattrs, collection filters,
   stream ids, an existing live stream: pre-checks 3 and 5, and the memory check after
@@ -101,7 +101,7 @@ def decide_stream_request(
     persisted_seqno: int, vb_state: VBucketState, start: int, end: int, vb_uuid: int,
     snap_start: int, snap_end: int, flags: int, client_purge_seqno: int = 0,
 ) -> StreamDecision:
-    """Decide a DCP_STREAM_REQ against a vbucket's state (reference §5.4).
+    """Decide a DCP_STREAM_REQ against a vbucket's state (protocol_spec/README.md §8).
 
     Args:
         failover_log: (uuid, seqno) newest first.

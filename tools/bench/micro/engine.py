@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     args = p.parse_args(argv)
 
     if not args.default_gc:
-        gc.set_threshold(100_000, 50, 100)  # perf-baseline §6: what the server does
+        gc.set_threshold(100_000, 50, 100)  # what the server does (dcp/producer/cli.py)
     n = args.items
     nkeys = max(1, int(n * args.key_ratio))
     rng = random.Random(42)
