@@ -5,9 +5,9 @@ Rules of this module:
   Every accepted write takes the next seqno, a new HLC CAS (nanoseconds from the
   injected clock, strictly increasing per vbucket) and is queued in the checkpoints.
 - The in-memory key index maps key -> a tuple (seqno, rev seqno, CAS, flags, expiry,
-  datatype, deleted): tuples of ints are cheap and untracked by the GC. Values are not kept in the
-  index: a get finds the item in the checkpoints or
-  reads it from LMDB by seqno.
+  datatype, deleted): tuples of ints are cheap and untracked by the GC. Values are
+  not kept in the index: a get finds the item in the checkpoints or reads it from
+  LMDB by seqno.
 - Expiry is absolute epoch seconds inside the engine (a client's relative expiry of
   up to 30 days is converted on write, as memcached does). Reads never return an item
   whose expiry has passed; only the expiry pass (``expire``) turns it into an
