@@ -21,21 +21,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 ALLOWED = frozenset({
-    "dcp/consumer/blocking.py: _commit_fn",
-    "dcp/consumer/client.py: _epoch",
-    "dcp/consumer/client.py: _fc",
-    "dcp/consumer/client.py: _gen",
-    "dcp/consumer/delivery.py: _fc",
-    "dcp/consumer/delivery.py: _gen",
-    "dcp/consumer/positions.py: _epoch",
-    "dcp/consumer/positions.py: _gen",
-    "dcp/consumer/reader.py: _by_vb",
-    "dcp/consumer/reader.py: _check_all_done",
-    "dcp/consumer/reader.py: _commit_fn",
-    "dcp/consumer/reader.py: _retries",
-    "dcp/consumer/reader.py: _rpcs",
-    "dcp/consumer/reader.py: _stream",
-    "dcp/consumer/reader.py: _streams",
     "dcp/producer/cli.py: _exit",  # os._exit: the documented way out after a fork/signal
 })
 

@@ -6,6 +6,15 @@ anywhere without losing or repeating a committed change, and is told through a
 See ``docs/sdk.md``. Imports ``dcp.protocol`` and trio only.
 """
 
+from .batches import (
+    Deletion,
+    Expiration,
+    Mutation,
+    RollbackEvent,
+    SnapshotBatch,
+    SnapshotMarker,
+    StreamEnd,
+)
 from .blocking import BlockingDcpClient, BlockingKvClient
 from .client import DcpClient
 from .errors import (
@@ -26,21 +35,10 @@ from .errors import (
     UsageError,
 )
 from .kv import KvClient
+from .kv_results import GetResult, MutationResult
+from .offset import Offset, StartFrom
 from .offset_store import FileOffsetStore, MemoryOffsetStore, OffsetStore
 from .rollback import RollbackPolicy
-from .structs import (
-    Deletion,
-    Expiration,
-    GetResult,
-    Mutation,
-    MutationResult,
-    Offset,
-    RollbackEvent,
-    SnapshotBatch,
-    SnapshotMarker,
-    StartFrom,
-    StreamEnd,
-)
 
 __all__ = [
     "BatchWriteError",

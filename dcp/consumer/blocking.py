@@ -22,10 +22,12 @@ from typing import Any
 
 import trio
 
-from .client import DcpClient
+from .batches import RollbackEvent, SnapshotBatch
+from .client import DcpClient, Delivered
 from .errors import ClientClosedError, UsageError
-from .kv import KvClient
-from .structs import GetResult, MutationResult, Offset, RollbackEvent, SnapshotBatch
+from .kv import DocValue, KvClient, KvItems
+from .kv_results import GetResult, MutationResult
+from .offset import Offset
 
 __all__ = ["BlockingDcpClient", "BlockingKvClient"]
 
@@ -133,22 +135,22 @@ class BlockingDcpClient(_Facade):
         self._client = DcpClient(*args, **kwargs)  # validates arguments now (tier 1)
         self._raw = bool(kwargs.get("raw", False))
         self._runner = _TrioThread(lambda: self._client, "dcp-consumer")
-        self._ready: deque[Any] = deque()
+        self._ready: deque[Delivered] = deque()
         self._entered = False
 
-    def _bind(self, item: Any) -> Any:
+    def _bind(self, item: Delivered) -> Delivered:
         if type(item) is SnapshotBatch or type(item) is RollbackEvent:
-            item._commit_fn = self.commit
+            item.commit_fn = self.commit
         return item
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Delivered]:
         while True:
             item = self.getone()
             if item is None:
                 return
             yield item
 
-    def getone(self) -> SnapshotBatch | RollbackEvent | Any | None:
+    def getone(self) -> Delivered | None:
         """The next batch/rollback (raw mode: event); None when every stream finished."""
         if self._raw:
             if not self._ready:
@@ -159,7 +161,7 @@ class BlockingDcpClient(_Facade):
             return self._bind(self._ready.popleft())
         return self._bind(self._runner.call(self._client.getone))
 
-    def getmany(self, *, timeout: float | None = None, max_items: int = 10_000) -> list[Any]:
+    def getmany(self, *, timeout: float | None = None, max_items: int = 10_000) -> list[Delivered]:
         """Everything ready now (see ``DcpClient.getmany``)."""
         if self._ready:
             out = list(self._ready)
@@ -169,7 +171,8 @@ class BlockingDcpClient(_Facade):
             lambda: self._client.getmany(timeout=timeout, max_items=max_items))
         return [self._bind(x) for x in items]
 
-    def commit(self, items: SnapshotBatch | RollbackEvent | Iterable[Any] | None = None) -> bool:
+    def commit(self, items: SnapshotBatch | RollbackEvent
+               | Iterable[SnapshotBatch | RollbackEvent] | None = None) -> bool:
         """Commit (see ``DcpClient.commit``); blocks until the offset store has saved."""
         return self._runner.call(self._client.commit, items)
 
@@ -192,13 +195,13 @@ class BlockingKvClient(_Facade):
         fn = getattr(self._client, method)
         return self._runner.call(lambda: fn(*args, **kwargs))
 
-    def set(self, key: str | bytes, value: Any, **kw: Any) -> MutationResult:
+    def set(self, key: str | bytes, value: DocValue, **kw: Any) -> MutationResult:
         return self._run("set", key, value, **kw)
 
-    def add(self, key: str | bytes, value: Any, **kw: Any) -> MutationResult:
+    def add(self, key: str | bytes, value: DocValue, **kw: Any) -> MutationResult:
         return self._run("add", key, value, **kw)
 
-    def replace(self, key: str | bytes, value: Any, **kw: Any) -> MutationResult:
+    def replace(self, key: str | bytes, value: DocValue, **kw: Any) -> MutationResult:
         return self._run("replace", key, value, **kw)
 
     def delete(self, key: str | bytes, **kw: Any) -> MutationResult:
@@ -210,7 +213,7 @@ class BlockingKvClient(_Facade):
     def get_many(self, keys: Iterable[str | bytes], **kw: Any) -> dict[bytes, GetResult]:
         return self._run("get_many", list(keys), **kw)
 
-    def set_many(self, items: Any, **kw: Any) -> list[MutationResult]:
+    def set_many(self, items: KvItems, **kw: Any) -> list[MutationResult]:
         return self._run("set_many", items, **kw)
 
     def delete_many(self, keys: Iterable[str | bytes], **kw: Any) -> list[MutationResult]:

@@ -9,11 +9,12 @@ Rules of this module:
   ``await client.commit()``); delivery is at-least-once: after a reconnect or restart,
   delivered-but-uncommitted snapshots are delivered again, never skipped.
 - Tasks live in the nursery opened by ``__aenter__`` (nothing starts in the
-  constructor). One supervisor task owns the connection: connect, handshake, stream;
-  on a transient failure it reconnects with exponential backoff (50 ms .. 5 s) and
-  gives up with ``RetryTimeoutError`` only after ``retry_timeout`` seconds without
-  progress. Fatal errors reach the application through the iterator, after the batches
-  that completed before them.
+  constructor). One supervisor task (``supervisor.py``) owns the connection: connect,
+  handshake, stream; on a transient failure it reconnects with exponential backoff
+  (50 ms .. 5 s) and gives up with ``RetryTimeoutError`` only after ``retry_timeout``
+  seconds without progress. Fatal errors reach the application through the iterator,
+  after the batches that completed before them. This module is the application's side:
+  iteration, hand-off (with its buffer acks) and commits.
 - ``aclose()`` is idempotent and always releases the socket and tasks.
 - Usage errors (bad arguments, invalid offsets) raise ``UsageError`` subclasses from the
   constructor or ``__aenter__`` at once.
@@ -22,41 +23,31 @@ Rules of this module:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import trio
 
-from dcp.protocol.errors import RemoteProtocolError, StatusError
+from dcp.protocol.flow_control import FlowControl
 from dcp.protocol.frames import DEFAULT_MAX_BODY_SIZE
 
+from .batches import Event, RollbackEvent, SnapshotBatch, SnapshotMarker, StreamEnd
 from .config import settings
 from .connection import DcpConnection
 from .delivery import CommitPoint, Delivery, RawChunk
-from .errors import (
-    DcpClientError,
-    RetryTimeoutError,
-    TransientError,
-    UsageError,
-)
+from .errors import DcpClientError, UsageError
+from .offset import Offset, StartFrom
 from .offset_store import OffsetStore
-from .positions import Session
 from .rollback import RollbackPolicy
-from .structs import Offset, RollbackEvent, SnapshotBatch, StartFrom
+from .supervisor import Connector, Supervisor
 
 __all__ = ["DcpClient"]
 
-Connector = Callable[[], Awaitable[trio.abc.Stream]]
+#: What the iterator hands out: batches and rollbacks (raw mode: events as they arrive).
+Delivered = SnapshotBatch | RollbackEvent | Event | SnapshotMarker | StreamEnd
 _STATS_KEYS = ("bytes_received", "items", "batches", "buffer_acks", "noops", "stream_requests",
                "stream_reopens", "stream_retries", "rollbacks", "connects", "reconnects",
                "commits", "probes")
-
-
-def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, StatusError):
-        return exc.retriable
-    return isinstance(exc, (TransientError, OSError, trio.TooSlowError, trio.BrokenResourceError,
-                            trio.ClosedResourceError, RemoteProtocolError))
 
 
 class DcpClient:
@@ -94,9 +85,6 @@ class DcpClient:
         connector: ``async () -> trio.abc.Stream`` replacing the TCP connect (TLS, tests).
     """
 
-    MIN_BACKOFF = 0.05
-    MAX_BACKOFF = 5.0
-
     def __init__(
         self, host: str = "127.0.0.1", port: int = 11210, *,
         vbuckets: Iterable[int] | None = None,
@@ -131,28 +119,22 @@ class DcpClient:
             max_body_size=max_body_size, connector=connector,
         )
         self._cfg = cfg.connection
-        self._connector = cfg.connector
-        self._vbuckets = cfg.vbuckets
-        self._start = cfg.start
-        self._explicit = cfg.offsets
-        self._to_latest = to_latest
         self._store = offset_store
-        self._connect_timeout = connect_timeout
-        self._retry_timeout = retry_timeout
         self._delivery = Delivery()
-        self._session: Session | None = None
-        self._saved: dict[int, Offset] = {}
         self._offsets: dict[int, Offset] = {}
         self._store_lock = trio.Lock()
         self._unsaved = False
-        self._retries: dict[int, tuple[float, int]] = {}
         self._stats = dict.fromkeys(_STATS_KEYS, 0)
-        self._conn: DcpConnection | None = None
+        self._supervisor = Supervisor(
+            cfg.connection, cfg.connector, self._delivery, self._stats, self.commit,
+            vbuckets=cfg.vbuckets, start=cfg.start, explicit=cfg.offsets, to_latest=to_latest,
+            connect_timeout=connect_timeout, retry_timeout=retry_timeout)
         self._ready: deque[Any] = deque()  # raw mode: events of the chunk being iterated
         self._state = "new"
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
-        self.started = trio.Event()  #: set once every vbucket has a resolved start position
+        #: set once every vbucket has a resolved start position
+        self.started = self._supervisor.started
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -161,11 +143,11 @@ class DcpClient:
             raise UsageError("a DcpClient can only be entered once")
         self._state = "running"
         if self._store is not None:
-            self._saved = await self._store.aload()
-        self._offsets = dict(self._saved)
+            self._supervisor.saved = await self._store.aload()
+        self._offsets = dict(self._supervisor.saved)
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
-        self._nursery.start_soon(self._supervise)
+        self._nursery.start_soon(self._supervisor.run)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -192,7 +174,7 @@ class DcpClient:
     def __aiter__(self) -> DcpClient:
         return self
 
-    async def __anext__(self) -> SnapshotBatch | RollbackEvent | Any:
+    async def __anext__(self) -> Delivered:
         """The next snapshot batch or rollback event (raw mode: the next event).
 
         Raises:
@@ -201,28 +183,29 @@ class DcpClient:
             ClientClosedError: the client was closed.
         """
         self._check_usable()
-        return await self._next(True)
+        return await self._wait_next()
 
-    async def getone(self) -> SnapshotBatch | RollbackEvent | Any | None:
+    async def getone(self) -> Delivered | None:
         """Like ``__anext__`` but returns None when every stream has finished."""
         try:
             return await self.__anext__()
         except StopAsyncIteration:
             return None
 
-    async def getmany(self, *, timeout: float | None = None, max_items: int = 10_000) -> list:
+    async def getmany(self, *, timeout: float | None = None,
+                      max_items: int = 10_000) -> list[Delivered]:
         """Everything ready now (at least one item, waiting up to ``timeout`` seconds).
 
         Returns an empty list on timeout or when every stream has finished.
         """
         self._check_usable()
-        out: list = []
+        out: list[Delivered] = []
         try:
             if timeout is None:
-                out.append(await self._next(True))
+                out.append(await self._wait_next())
             else:
                 with trio.move_on_after(timeout):
-                    out.append(await self._next(True))
+                    out.append(await self._wait_next())
                 if not out:
                     return out
             while len(out) < max_items:
@@ -237,7 +220,13 @@ class DcpClient:
                 raise
         return out
 
-    async def _next(self, wait: bool) -> Any:
+    async def _wait_next(self) -> Delivered:
+        item = await self._next(True)
+        assert item is not None  # waiting ends with an item or an exception
+        return item
+
+    async def _next(self, wait: bool) -> Delivered | None:
+        """The next item (``wait=False``: None when nothing is ready); raises at the end."""
         delivery = self._delivery
         if self._cfg.raw:
             ready = self._ready
@@ -253,31 +242,35 @@ class DcpClient:
                 chunk = await delivery.get() if wait else delivery.get_nowait()
                 if chunk is None:
                     return None
-                if type(chunk) is RawChunk:
-                    self._hand_off(chunk.fc, chunk.nbytes)
+                if isinstance(chunk, RawChunk):
+                    self._hand_off(chunk.flow, chunk.nbytes)
                     ready.extend(chunk.events)
                 else:
                     self._delivered(chunk)
                     return chunk
         entry = await delivery.get() if wait else delivery.get_nowait()
-        if entry is not None:
-            if type(entry) is SnapshotBatch:
-                self._stats["batches"] += 1
-                self._hand_off(entry._fc, entry.nbytes)
-                p = self._session.positions.get(entry.vbucket)  # type: ignore[union-attr]
-                if p is not None and entry._gen == p.gen and entry._epoch == p.epoch:
-                    p.tip = entry  # inline Session.delivered (per batch)
-            else:
-                self._delivered(entry)
-        return entry
+        if isinstance(entry, SnapshotBatch):
+            self._stats["batches"] += 1
+            self._hand_off(entry.flow, entry.nbytes)
+            session = self._supervisor.session
+            p = session.positions.get(entry.vbucket) if session is not None else None
+            if p is not None and entry.gen == p.gen and entry.epoch == p.epoch:
+                p.tip = entry  # inline Session.delivered (per batch)
+            return entry
+        if isinstance(entry, RollbackEvent):
+            self._delivered(entry)
+            return entry
+        assert entry is None, entry  # RawChunks are queued in raw mode only
+        return None
 
     def _delivered(self, item: SnapshotBatch | RollbackEvent) -> None:
-        if self._session is not None:
-            self._session.delivered(item)
+        session = self._supervisor.session
+        if session is not None:
+            session.delivered(item)
 
-    def _hand_off(self, fc: Any, nbytes: int) -> None:
+    def _hand_off(self, fc: FlowControl, nbytes: int) -> None:
         n = fc.handed(nbytes)
-        conn = self._conn
+        conn = self._supervisor.conn
         if n and conn is not None and conn.fc is fc and self._nursery is not None \
                 and self._state == "running":
             self._nursery.start_soon(conn.send_ack, n)
@@ -302,7 +295,7 @@ class DcpClient:
             the next ``commit()`` saves them again.
         """
         self._check_usable()
-        session = self._session
+        session = self._supervisor.session
         if session is None:
             return False
         if items is None:
@@ -331,9 +324,10 @@ class DcpClient:
 
     @property
     def vbuckets(self) -> list[int] | None:
-        if self._session is not None:
-            return sorted(self._session.positions)
-        return self._vbuckets
+        session = self._supervisor.session
+        if session is not None:
+            return sorted(session.positions)
+        return self._supervisor.vbuckets
 
     @property
     def name(self) -> str:
@@ -343,115 +337,12 @@ class DcpClient:
         out: dict[str, Any] = dict(self._stats)
         out["queued_entries"] = len(self._delivery)
         out["queued_bytes"] = self._delivery.nbytes
-        conn = self._conn
+        conn = self._supervisor.conn
         out["connected"] = conn is not None and conn.error is None
         out["flow_control"] = conn.fc.statistics() if conn is not None else None
         return out
 
-    # ------------------------------------------------------------------ supervisor
-
-    async def _supervise(self) -> None:
-        try:
-            await self._connect_loop()
-        except Exception as exc:  # a bug: still tell the application
-            self._delivery.fail(exc)
-
-    async def _connect_loop(self) -> None:
-        backoff = self.MIN_BACKOFF
-        failing_since: float | None = None
-        attempts = 0
-        while True:
-            conn_holder: list[DcpConnection] = []
-            try:
-                await self._one_connection(conn_holder)
-                self._delivery.finish()
-                return
-            except Exception as exc:
-                if not _is_transient(exc):
-                    self._delivery.fail(exc)
-                    return
-                if conn_holder and conn_holder[0].made_progress:
-                    failing_since = None
-                    attempts = 0
-                    backoff = self.MIN_BACKOFF
-                now = trio.current_time()
-                if failing_since is None:
-                    failing_since = now
-                attempts += 1
-                if now - failing_since >= self._retry_timeout:
-                    err = RetryTimeoutError("connect", attempts=attempts,
-                                            elapsed=now - failing_since, last_error=exc)
-                    err.__cause__ = exc
-                    self._delivery.fail(err)
-                    return
-                self._stats["reconnects"] += 1
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, self.MAX_BACKOFF)
-
-    async def _one_connection(self, holder: list[DcpConnection]) -> None:
-        with trio.fail_after(self._connect_timeout):
-            stream = await self._connector()
-        self._stats["connects"] += 1
-        conn = DcpConnection(stream, self._cfg, self._delivery, self.commit, self._retries,
-                             self._stats)
-        holder.append(conn)
-        self._conn = conn
-        try:
-            async with trio.open_nursery() as nursery:
-                await conn.run(nursery)
-                try:
-                    with trio.fail_after(self._connect_timeout):
-                        await conn.handshake()
-                        if self._session is None:
-                            await self._resolve(conn)
-                    assert self._session is not None
-                    conn.start_streams(self._session)
-                    await conn.finished.wait()
-                except trio.TooSlowError:
-                    conn.fail(TransientError("handshake timed out"))
-                except Exception as exc:
-                    conn.fail(exc)
-                nursery.cancel_scope.cancel()
-        finally:
-            if self._conn is conn:
-                self._conn = None
-            if conn.error is not None:
-                self._delivery.purge_connection(conn.fc)
-            await conn.aclose()
-        if conn.error is not None:
-            raise conn.error
-
-    async def _resolve(self, conn: DcpConnection) -> None:
-        """First connection: fix every vbucket's start position (and end, to_latest)."""
-        need_seqnos = (self._vbuckets is None or self._start is StartFrom.NOW
-                       or self._to_latest)
-        high: dict[int, int] = {}
-        if need_seqnos:
-            high = dict(await conn.get_all_vb_seqnos())
-        vbs = self._vbuckets if self._vbuckets is not None else sorted(high)
-        if not vbs:
-            raise UsageError("the server reported no vbuckets to stream")
-        offsets: dict[int, Offset] = {}
-        for vb in vbs:
-            if vb in self._explicit:
-                offsets[vb] = self._explicit[vb]
-            elif vb in self._saved:
-                offsets[vb] = self._saved[vb]
-        if self._start is StartFrom.NOW:
-            now_vbs = [vb for vb in vbs if vb not in offsets]
-            if now_vbs:
-                logs = await conn.get_failover_logs(now_vbs)
-                for vb in now_vbs:
-                    h = high.get(vb, 0)
-                    log = logs[vb]
-                    offsets[vb] = Offset(vb, log[0][0] if log else 0, h, h, h, log)
-        for vb in vbs:
-            if vb not in offsets:
-                offsets[vb] = Offset.beginning(vb)
-        session = Session(offsets)
-        if self._to_latest:
-            for vb, p in session.positions.items():
-                p.end_seqno = high.get(vb, 0)
-        self._session = session
-        self.started.set()
-
+    @property
+    def _conn(self) -> DcpConnection | None:
+        """The current connection (``tools/bench/worker.py`` looks at its stream table)."""
+        return self._supervisor.conn

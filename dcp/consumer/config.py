@@ -17,9 +17,9 @@ from typing import Any
 import trio
 
 from .errors import UsageError
+from .offset import Offset, StartFrom
 from .offset_store import OffsetStore
 from .rollback import RollbackPolicy
-from .structs import Offset, StartFrom
 
 __all__ = ["ClientSettings", "ConnectionConfig", "settings"]
 

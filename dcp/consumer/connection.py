@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -32,9 +32,11 @@ from dcp.protocol.frames import Frame
 from dcp.protocol.opcodes import SEQNO_MAX, DcpOpenFlag, HelloFeature, Opcode, Status
 from dcp.protocol.session import ClientSession
 
+from .batches import CommitFn
 from .config import ConnectionConfig
 from .delivery import Delivery
-from .errors import ConnectionLostError
+from .errors import ConnectionLostError, DeadConnectionError
+from .offset import FailoverLog
 from .positions import Session
 from .reader import StreamReader
 from .snapshot_buffer import StreamBuffer
@@ -58,14 +60,16 @@ class DcpConnection:
 
     def __init__(
         self, stream: trio.abc.Stream, cfg: ConnectionConfig, delivery: Delivery,
-        commit_fn: Any, retries: dict[int, tuple[float, int]], stats: dict[str, int],
+        commit_fn: CommitFn, retries: dict[int, tuple[float, int]], stats: dict[str, int],
     ) -> None:
         self.cfg = cfg
         self.session: Session | None = None
         self.delivery = delivery
         self._stream = stream
-        self._commit_fn = commit_fn
-        self._retries = retries  # vb -> (first failure time, attempts), shared by connections
+        self.commit_fn = commit_fn  #: what ``commit()`` of the items built here calls
+        #: vb -> (first failure time, attempts) of refused stream requests; the client's,
+        #: shared by its connections (the reader updates it)
+        self.retries = retries
         self.stats = stats
         self.proto = ClientSession(window=cfg.buffer_size, ack_ratio=cfg.ack_ratio,
                                    max_body_size=cfg.max_body_size, queue_per_chunk=cfg.raw)
@@ -118,9 +122,9 @@ class DcpConnection:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
-    async def guarded(self, fn: Any, *args: Any) -> None:
+    async def guarded(self, fn: Callable[[], Awaitable[None]]) -> None:
         try:
-            await fn(*args)
+            await fn()
         except Exception as exc:
             self.fail(exc)
 
@@ -146,6 +150,41 @@ class DcpConnection:
             assert w.frame is not None
             out.append(w.frame)
         return out
+
+    async def receive(self, size: int) -> bytes | bytearray:
+        """The next bytes from the server (up to ``size``).
+
+        Raises:
+            DeadConnectionError: nothing arrived for two noop intervals: after the first,
+                a plain NOOP probes the server (its noop timer may not run yet).
+            ConnectionLostError: the server closed the connection.
+        """
+        receive = self._stream.receive_some
+        probe_after = self.probe_after
+        if probe_after is None:
+            data = await receive(size)
+        else:
+            data = None
+            with trio.move_on_after(probe_after):
+                data = await receive(size)
+            if data is None:
+                await self.send(self.proto.probe())
+                self.stats["probes"] += 1
+                with trio.move_on_after(probe_after):
+                    data = await receive(size)
+                if data is None:
+                    raise DeadConnectionError(
+                        f"nothing received for {2 * probe_after:g}s (2 x noop interval)")
+        if not data:
+            raise ConnectionLostError("the server closed the connection")
+        return data
+
+    def answered(self, opaque: int, frame: Frame) -> None:
+        """The response to a request of ``call`` arrived (others are ignored)."""
+        rpc = self._rpcs.pop(opaque, None)
+        if rpc is not None:
+            rpc.frame = frame
+            rpc.event.set()
 
     async def aclose(self) -> None:
         self.fc.closed = True
@@ -199,13 +238,13 @@ class DcpConnection:
             raise for_status(f.status, bytes(f.value), "GET_ALL_VB_SEQNOS refused")
         return codec.parse_all_vb_seqnos(bytes(f.value))
 
-    async def get_failover_logs(self, vbuckets: list[int]) -> dict[int, tuple]:
+    async def get_failover_logs(self, vbuckets: list[int]) -> dict[int, FailoverLog]:
         reqs = []
         for vb in vbuckets:
             o = self.next_opaque()
             reqs.append((o, codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=vb, opaque=o)))
         frames = await self.call(reqs)
-        out = {}
+        out: dict[int, FailoverLog] = {}
         for vb, f in zip(vbuckets, frames, strict=True):
             if f.status != Status.SUCCESS:
                 raise for_status(f.status, bytes(f.value), f"GET_FAILOVER_LOG vb {vb} refused")
@@ -220,13 +259,26 @@ class DcpConnection:
             heapq.heappush(self._open_heap, (0.0, vb))
         assert self._nursery is not None
         self._nursery.start_soon(self.guarded, self._opener_loop)
-        self._check_all_done()
+        self.check_all_done()
+
+    def stream_for(self, opaque: int) -> StreamBuffer | None:
+        """The stream requested with ``opaque``, if it is still open on this connection."""
+        return self._streams.get(opaque)
+
+    def forget_stream(self, opaque: int) -> StreamBuffer | None:
+        """The stream of ``opaque`` ended or was refused: drop it (its vbucket may be
+        requested again)."""
+        st = self._streams.pop(opaque, None)
+        if st is not None:
+            self._by_vb.pop(st.vbucket, None)
+        return st
 
     def schedule_open(self, vb: int, delay: float) -> None:
         heapq.heappush(self._open_heap, (trio.current_time() + delay, vb))
         self._opener_wake.set()
 
-    def _check_all_done(self) -> None:
+    def check_all_done(self) -> None:
+        """End the connection's work when every vbucket reached its end (``to_latest``)."""
         if self.session is not None and self.session.all_done():
             self.finished.set()
 
@@ -243,7 +295,7 @@ class DcpConnection:
                 self.delivery.purge(gens)  # superseded batches would only be duplicates
                 await self.send(buf)
                 continue
-            self._check_all_done()
+            self.check_all_done()
             self._opener_wake = trio.Event()
             timeout = heap[0][0] - now if heap else math.inf
             with trio.move_on_after(timeout):

@@ -23,10 +23,12 @@ from typing import Any
 
 import trio
 
-from .errors import ClientClosedError
-from .structs import SnapshotBatch
+from dcp.protocol.flow_control import FlowControl
 
-__all__ = ["CommitPoint", "Delivery", "RawChunk"]
+from .batches import RollbackEvent, SnapshotBatch
+from .errors import ClientClosedError
+
+__all__ = ["CommitPoint", "Delivery", "Entry", "RawChunk"]
 
 
 class CommitPoint:
@@ -41,17 +43,23 @@ class CommitPoint:
 class RawChunk:
     """Raw mode: the events decoded from one received chunk, with their wire bytes."""
 
-    __slots__ = ("events", "fc", "nbytes")
+    __slots__ = ("events", "flow", "nbytes")
 
-    def __init__(self, events: list, nbytes: int, fc: Any) -> None:
-        self.events = events
+    def __init__(self, events: list[Any], nbytes: int, flow: FlowControl) -> None:
+        self.events = events  # items, raw markers/stream ends, rollbacks, CommitPoints
         self.nbytes = nbytes
-        self.fc = fc
+        self.flow = flow
+
+
+#: What the queue holds.
+Entry = SnapshotBatch | RollbackEvent | RawChunk
 
 
 class Delivery:
+    """The queue of ``Entry`` values from the connection's reader to the application."""
+
     def __init__(self) -> None:
-        self._items: deque[Any] = deque()
+        self._items: deque[Entry] = deque()
         self._wakeup = trio.Event()
         self._space = trio.Event()
         self._error: BaseException | None = None
@@ -62,7 +70,7 @@ class Delivery:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put_many(self, entries: list) -> None:
+    def put_many(self, entries: list[Entry]) -> None:
         if self._closed:
             return
         for e in entries:
@@ -74,12 +82,12 @@ class Delivery:
         """Drop queued batches of vbucket ``vb`` from generations older than ``gens[vb]``."""
         if not self._items or not gens:
             return 0
-        keep: deque[Any] = deque()
+        keep: deque[Entry] = deque()
         dropped = 0
         get = gens.get
         for e in self._items:
-            if type(e) is SnapshotBatch and e._gen < get(e.vbucket, -1):
-                e._fc.dropped(e.nbytes)
+            if type(e) is SnapshotBatch and e.gen < get(e.vbucket, -1):
+                e.flow.dropped(e.nbytes)
                 self.nbytes -= e.nbytes
                 dropped += 1
             else:
@@ -89,12 +97,12 @@ class Delivery:
             self._space.set()
         return dropped
 
-    def purge_connection(self, fc: Any) -> int:
+    def purge_connection(self, fc: FlowControl) -> int:
         """Drop queued batches received on a lost connection (they will be streamed again
         from the committed position, in order)."""
         before = len(self._items)
         self._items = deque(e for e in self._items
-                            if not (type(e) is SnapshotBatch and e._fc is fc))
+                            if not (type(e) is SnapshotBatch and e.flow is fc))
         dropped = before - len(self._items)
         if dropped:
             self.nbytes = sum(getattr(e, "nbytes", 0) for e in self._items)
@@ -124,14 +132,14 @@ class Delivery:
     def closed(self) -> bool:
         return self._closed
 
-    def _pop(self) -> Any:
+    def _pop(self) -> Entry:
         e = self._items.popleft()
         self.nbytes -= getattr(e, "nbytes", 0)
         if not self._items:
             self._space.set()
         return e
 
-    def get_nowait(self) -> Any:
+    def get_nowait(self) -> Entry | None:
         """The next entry, or ``None`` if nothing is queued (raises at terminal states)."""
         if self._items:
             return self._pop()
@@ -146,7 +154,7 @@ class Delivery:
         if self._finished:
             raise StopAsyncIteration
 
-    async def get(self) -> Any:
+    async def get(self) -> Entry:
         """The next entry. Always checkpoints, and before popping: a cancelled ``get``
         never loses an entry."""
         if self._items:

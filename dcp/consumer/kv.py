@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -44,10 +44,18 @@ from .errors import (
     RetryTimeoutError,
     UsageError,
 )
-from .kv_connection import KvConnection, Op
-from .structs import GetResult, MutationResult
+from .kv_connection import KvConnection, Op, WriteOk
+from .kv_results import GetResult, MutationResult
 
-__all__ = ["KvClient"]
+__all__ = ["DocValue", "KvClient", "KvItems"]
+
+#: A document: bytes and str are stored as they are, dict and list as JSON.
+DocValue = bytes | bytearray | memoryview | str | dict[str, Any] | list[Any]
+#: What ``set_many`` writes: a mapping key -> document, or (key, document) pairs.
+KvItems = (Mapping[str, DocValue] | Mapping[bytes, DocValue]
+           | Iterable[tuple[str | bytes, DocValue]])
+#: One answer of ``_execute``: the response, a successful write's tuple, or the error.
+_Result = Frame | WriteOk | BaseException
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
@@ -63,7 +71,7 @@ def _key(key: str | bytes) -> bytes:
     return k
 
 
-def _value(value: Any) -> tuple[bytes, int]:
+def _value(value: DocValue) -> tuple[bytes, int]:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value), 0
     if isinstance(value, str):
@@ -175,7 +183,7 @@ class KvClient:
                 self._agent, [int(x) for x in KV_FEATURES]), True)])
             if f is None:
                 raise conn.error or ConnectionLostError("HELLO got no answer")
-            if type(f) is tuple:  # success with an empty value: no features
+            if isinstance(f, tuple):  # success with an empty value: no features
                 conn.features = set()
             elif f.status == Status.SUCCESS:
                 conn.features = set(codec.parse_hello_features(bytes(f.value)))
@@ -184,9 +192,9 @@ class KvClient:
 
     # ------------------------------------------------------------------ execution
 
-    async def _execute(self, ops: list[Op]) -> list[Frame | BaseException]:
+    async def _execute(self, ops: list[Op]) -> list[_Result]:
         """Run ``ops`` pipelined, retrying what is retriable until ``timeout``."""
-        results: list[Frame | BaseException | None] = [None] * len(ops)
+        results: list[_Result | None] = [None] * len(ops)
         pending = list(range(len(ops)))
         start = trio.current_time()
         attempts = 0
@@ -205,9 +213,10 @@ class KvClient:
             else:
                 frames = batch.frames
                 if attempts == 1 and batch.remaining == 0 and batch.others == 0:
-                    return frames  # type: ignore[return-value]  # all successful writes
+                    # no None and no Frame: every answer is a successful write's tuple
+                    return cast(list[_Result], frames)
                 for i, f in zip(pending, frames, strict=True):
-                    if type(f) is tuple:  # a successful write (see the module rules)
+                    if isinstance(f, tuple):  # a successful write (see the module rules)
                         results[i] = f
                     elif f is None:
                         err = conn.error or ConnectionLostError("connection lost")
@@ -237,9 +246,9 @@ class KvClient:
                     break
                 await trio.sleep(min(backoff, max(0.0, self.timeout - elapsed)))
                 backoff = min(backoff * 2, 0.5)
-        return results  # type: ignore[return-value]
+        return cast(list[_Result], results)  # every slot was filled above
 
-    def _store_op(self, opcode: int, key: str | bytes, value: Any, flags: int, expiry: int,
+    def _store_op(self, opcode: int, key: str | bytes, value: DocValue, flags: int, expiry: int,
                   cas: int, durable: bool) -> Op:
         k = _key(key)
         v, dt = _value(value)
@@ -250,13 +259,14 @@ class KvClient:
             opcode, vbucket=vb, cas=cas, datatype=dt, extras=extras, key=k, value=v,
             framing_extras=fe), opcode == Opcode.SET and cas == 0)
 
-    def _set_ops(self, pairs: Iterable[tuple[Any, Any]], flags: int, expiry: int) -> list[Op]:
+    def _set_ops(self, pairs: Iterable[tuple[str | bytes, DocValue]], flags: int,
+                 expiry: int) -> list[Op]:
         """Plain SETs (no CAS, not durable) for ``set_many``: ``_store_op`` inlined."""
         codec.store_extras(flags, expiry)  # range check once
         nvb = self.num_vbuckets
         head = HDR_STORE.pack
         hash_key = vbucket_for_key
-        ops = []
+        ops: list[Op] = []
         append = ops.append
         for key, value in pairs:
             k = key if type(key) is bytes and 0 < len(key) <= 250 else _key(key)
@@ -279,8 +289,8 @@ class KvClient:
             Opcode.DELETE, vbucket=vb, cas=cas, key=k, framing_extras=fe), False)
 
     @staticmethod
-    def _mutation_result(op: Op, r: Frame | BaseException) -> MutationResult | BaseException:
-        if type(r) is tuple:
+    def _mutation_result(op: Op, r: _Result) -> MutationResult | BaseException:
+        if isinstance(r, tuple):
             if r[1] is None:
                 return MutationResult(op.key, op.vbucket, r[0])
             return MutationResult(op.key, op.vbucket, r[0], r[1], r[2])
@@ -302,19 +312,19 @@ class KvClient:
 
     # ------------------------------------------------------------------ public API
 
-    async def set(self, key: str | bytes, value: Any, *, flags: int = 0, expiry: int = 0,
+    async def set(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
                   cas: int = 0, durable: bool = False) -> MutationResult:
         """Create or replace ``key`` (with ``cas``: only if the CAS still matches)."""
         return await self._one_write(
             self._store_op(Opcode.SET, key, value, flags, expiry, cas, durable))
 
-    async def add(self, key: str | bytes, value: Any, *, flags: int = 0, expiry: int = 0,
+    async def add(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
                   durable: bool = False) -> MutationResult:
         """Create ``key``; raises ``KeyExists`` if it exists."""
         return await self._one_write(
             self._store_op(Opcode.ADD, key, value, flags, expiry, 0, durable))
 
-    async def replace(self, key: str | bytes, value: Any, *, flags: int = 0, expiry: int = 0,
+    async def replace(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
                       cas: int = 0, durable: bool = False) -> MutationResult:
         """Replace an existing ``key``; raises ``KeyNotFound`` if it does not exist."""
         return await self._one_write(
@@ -333,7 +343,7 @@ class KvClient:
     async def get_many(self, keys: Iterable[str | bytes], *,
                        missing_ok: bool = True) -> dict[bytes, GetResult]:
         """Read many keys in one pipelined batch; missing keys are left out."""
-        ops = []
+        ops: list[Op] = []
         for key in keys:
             k = _key(key)
             vb = vbucket_for_key(k, self.num_vbuckets)
@@ -342,6 +352,9 @@ class KvClient:
         for op, r in zip(ops, await self._execute(ops), strict=True):
             if isinstance(r, BaseException):
                 raise r
+            if isinstance(r, tuple):  # SUCCESS without flags or value: an empty document
+                out[op.key] = GetResult(op.key, b"", 0, r[0], 0)
+                continue
             if r.status == Status.KEY_ENOENT and missing_ok:
                 continue
             if r.status != Status.SUCCESS:
@@ -351,7 +364,7 @@ class KvClient:
         return out
 
     async def set_many(
-        self, items: Mapping[Any, Any] | Iterable[tuple[Any, Any]], *, flags: int = 0,
+        self, items: KvItems, *, flags: int = 0,
         expiry: int = 0, durable: bool = False,
     ) -> list[MutationResult]:
         """Write many documents in one pipelined batch (one buffer, one ``send_all``).
@@ -381,7 +394,7 @@ class KvClient:
                    for op, r in zip(ops, await self._execute(ops), strict=True)]
         if any(isinstance(r, BaseException) for r in results):
             raise BatchWriteError(results)
-        return results  # type: ignore[return-value]
+        return cast(list[MutationResult], results)  # no exception among them (checked)
 
 
 def _get_request(vb: int, key: bytes) -> bytes:

@@ -18,21 +18,26 @@ Rules of this module:
 
 from __future__ import annotations
 
-from typing import Any
-
 import trio
 
-from dcp.protocol.events import Answer
+from dcp.protocol import events
 from dcp.protocol.frames import Frame
 from dcp.protocol.session import ClientSession
 
 from .errors import ConnectionLostError
 
-__all__ = ["Batch", "KvConnection", "Op"]
+__all__ = ["Answer", "Batch", "KvConnection", "Op", "WriteOk"]
 
+#: A write answered SUCCESS with nothing but a CAS: ``(cas, vb_uuid, seqno)`` (the last two
+#: None without HELLO MutationSeqno). The session builds it instead of a ``Frame``.
+WriteOk = tuple[int, int | None, int | None]
+#: What a request is answered with; None: the connection died before the answer.
+Answer = Frame | WriteOk | None
 
 
 class Op:
+    """One request of a batch: encoded once with opaque 0 (patched per attempt)."""
+
     __slots__ = ("frame", "key", "opcode", "safe_to_repeat", "vbucket")
 
     def __init__(self, opcode: int, key: bytes, vbucket: int, frame: bytes,
@@ -45,16 +50,20 @@ class Op:
 
 
 class Batch:
+    """The answers to one pipelined write (``frames[i]`` answers ``ops[i]``)."""
+
     __slots__ = ("event", "frames", "others", "remaining")
 
     def __init__(self, n: int) -> None:
-        self.frames: list[Frame | None] = [None] * n
+        self.frames: list[Answer] = [None] * n
         self.remaining = n
         self.others = 0  # answers that are not a successful write's tuple
         self.event = trio.Event()
 
 
 class KvConnection:
+    """One socket under ``KvClient`` (see the module rules)."""
+
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.lock = trio.StrictFIFOLock()
@@ -74,12 +83,12 @@ class KvConnection:
                 if not data:
                     raise ConnectionLostError("the server closed the connection")
                 for e in decode(data):
-                    if type(e) is not Answer:
+                    if type(e) is not events.Answer:
                         continue
                     entry = waiting.pop(e.opaque, None)
                     if entry is not None:
                         batch, idx = entry
-                        res: Any = e.result
+                        res: Answer = e.result
                         if type(res) is not tuple:
                             batch.others += 1
                         batch.frames[idx] = res
@@ -100,7 +109,7 @@ class KvConnection:
         self.waiting.clear()
         self.closed.set()
 
-    async def roundtrip(self, ops: list[Op]) -> list[Frame | None]:
+    async def roundtrip(self, ops: list[Op]) -> list[Answer]:
         """One write for all ``ops``; their responses (None where the connection died)."""
         return (await self.roundtrip_batch(ops)).frames
 

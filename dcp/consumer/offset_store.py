@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 
 from .errors import InvalidOffsetError
-from .structs import Offset
+from .offset import Offset
 
 __all__ = ["FileOffsetStore", "MemoryOffsetStore", "OffsetStore"]
 

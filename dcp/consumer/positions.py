@@ -25,8 +25,9 @@ from collections.abc import Iterable, Mapping
 
 from dcp.protocol.opcodes import SEQNO_MAX
 
+from .batches import RollbackEvent, SnapshotBatch
+from .offset import Offset
 from .rollback import log_for_offset, rolled_back_log
-from .structs import Offset, RollbackEvent, SnapshotBatch
 
 __all__ = ["Session", "VbPosition"]
 
@@ -46,15 +47,16 @@ class VbPosition:
         self.vbucket = offset.vbucket
         log = log_for_offset(offset.vb_uuid, offset.failover_log)
         self.c_log: FailoverLog = log
+        snap_start, snap_end = offset.snapshot
         self.c_seqno = offset.seqno
-        self.c_snap_start = offset.snap_start
-        self.c_snap_end = offset.snap_end
+        self.c_snap_start = snap_start
+        self.c_snap_end = snap_end
         self.c_purge = offset.purge_seqno
         self.c_epoch = 0
         self.r_log: FailoverLog = log
         self.r_seqno = offset.seqno
-        self.r_snap_start = offset.snap_start
-        self.r_snap_end = offset.snap_end
+        self.r_snap_start = snap_start
+        self.r_snap_end = snap_end
         self.r_purge = offset.purge_seqno
         self.epoch = 0
         self.gen = 0
@@ -120,19 +122,19 @@ class Session:
     def delivered(self, item: SnapshotBatch | RollbackEvent) -> None:
         """``item`` was handed to the application."""
         p = self.positions.get(item.vbucket)
-        if p is None or item._epoch != p.epoch:
+        if p is None or item.epoch != p.epoch:
             return
-        if isinstance(item, SnapshotBatch) and item._gen != p.gen:
+        if isinstance(item, SnapshotBatch) and item.gen != p.gen:
             return
         p.tip = item
 
     def commit(self, item: SnapshotBatch | RollbackEvent) -> bool:
         """Advance the committed position of ``item.vbucket`` to ``item``; True if it moved."""
         p = self.positions.get(item.vbucket)
-        if p is None or item._epoch != p.epoch:
+        if p is None or item.epoch != p.epoch:
             return False
         if isinstance(item, SnapshotBatch):
-            if item._gen != p.gen:
+            if item.gen != p.gen:
                 return False
             if p.c_epoch == p.epoch and item.end <= p.c_seqno:
                 return False
@@ -155,13 +157,14 @@ class Session:
 
     def commit_delivered(self) -> list[int]:
         """Commit every vbucket's delivered tip; returns the vbuckets that moved."""
-        moved = []
+        moved: list[int] = []
         for vb, p in self.positions.items():
             if p.tip is not None and self.commit(p.tip):
                 moved.append(vb)
         return moved
 
     def commit_many(self, items: Iterable[SnapshotBatch | RollbackEvent]) -> list[int]:
+        """Commit each of ``items``; returns the vbuckets that moved."""
         return [it.vbucket for it in items if self.commit(it)]
 
     def offsets(self) -> dict[int, Offset]:

@@ -17,9 +17,6 @@ Rules of this module:
   emits a ``RollbackEvent`` (or raises ``RollbackError`` under the fail policy);
   NOT_MY_VBUCKET/ETMPFAIL/EBUSY/ENOMEM are retried with backoff until the retry timeout;
   anything else is a ``StreamError``.
-- Dead connections: after one noop interval with nothing read, a plain NOOP (0x0A)
-  probes the server (java-dcp-client does the same: a producer's noop timer may start
-  late); after a second silent interval the connection is declared dead.
 - While any connection is reading, the process's generation-0 GC threshold is raised
   (``_GcTuning``): every event is one GC-tracked object that lives until its snapshot is
   handed out, so at CPython's default (700) a collection ran every few hundred items and
@@ -27,13 +24,15 @@ Rules of this module:
   vs 0.94 M items per CPU-second). The previous threshold is restored when the last
   connection stops reading, unless the application changed it meanwhile.
 - The reader uses its ``DcpConnection``'s state (stream table, positions, delivery,
-  sending) through the connection object it is given; it opens nothing itself.
+  sending) through the connection's public methods; it opens nothing itself. Receiving
+  (with the dead-connection probe) is the connection's ``receive``.
 """
 
 from __future__ import annotations
 
 import gc
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -41,17 +40,14 @@ from dcp.protocol import events as ev
 from dcp.protocol.errors import for_status
 from dcp.protocol.opcodes import Status, StreamEndStatus
 
-from .delivery import CommitPoint, RawChunk
-from .errors import (
-    ConnectionLostError,
-    DeadConnectionError,
-    RetryTimeoutError,
-    RollbackError,
-    StreamError,
-)
+from .batches import SnapshotMarker, StreamEnd
+from .delivery import CommitPoint, Entry, RawChunk
+from .errors import RetryTimeoutError, RollbackError, StreamError
 from .rollback import RollbackPolicy
-from .snapshot_buffer import StreamBuffer, StreamState
-from .structs import SnapshotMarker, StreamEnd
+from .snapshot_buffer import StreamState
+
+if TYPE_CHECKING:  # the connection owns its reader
+    from .connection import DcpConnection
 
 __all__ = ["StreamReader"]
 
@@ -90,13 +86,14 @@ class _GcTuning:
 class StreamReader:
     """Reads for one ``DcpConnection`` (see the module rules)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: DcpConnection) -> None:
         self.conn = conn
         self.raw = conn.cfg.raw
-        self._out: list = []  # this chunk's delivery entries
-        self._raw_out: list = []  # raw mode: this chunk's events
-        self._emit: Any = self._out.append  # where this chunk's events go
-        self._handlers = {
+        self._out: list[Entry] = []  # this chunk's delivery entries
+        self._raw_out: list[Any] = []  # raw mode: this chunk's events (of any kind)
+        #: where this chunk's events go (``_out`` or, in raw mode, ``_raw_out``)
+        self._emit: Callable[[Any], None] = self._out.append
+        self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Items: self._items, ev.SnapshotDone: self._snapshot_done,
             ev.Marker: self._marker, ev.SeqnoAdvanced: _ignore,
             ev.StreamEnded: self._stream_ended, ev.StreamOpened: self._stream_opened,
@@ -111,30 +108,6 @@ class StreamReader:
         finally:
             _GcTuning.exit()
 
-    async def _receive(self, size: int) -> bytes:
-        conn = self.conn
-        receive = conn._stream.receive_some
-        probe_after = conn.probe_after
-        if probe_after is None:
-            data = await receive(size)
-        else:
-            data = None
-            with trio.move_on_after(probe_after):
-                data = await receive(size)
-            if data is None:
-                # One noop interval of silence: probe with a plain NOOP (the server's
-                # noop timer may not run yet); a second silent interval means dead.
-                await conn.send(conn.proto.probe())
-                conn.stats["probes"] += 1
-                with trio.move_on_after(probe_after):
-                    data = await receive(size)
-                if data is None:
-                    raise DeadConnectionError(
-                        f"nothing received for {2 * probe_after:g}s (2 x noop interval)")
-        if not data:
-            raise ConnectionLostError("the server closed the connection")
-        return data
-
     async def _read_loop(self) -> None:
         conn = self.conn
         proto = conn.proto
@@ -146,12 +119,12 @@ class StreamReader:
         handlers = self._handlers
         raw = self.raw
         while True:
-            data = await self._receive(size)
+            data = await conn.receive(size)
             stats["bytes_received"] += len(data)
             noops, acks = proto.noops, proto.acks
             events = proto.receive_data(data)
-            out: list = []
-            raw_out: list = []
+            out: list[Entry] = []
+            raw_out: list[Any] = []
             self._out = out
             self._raw_out = raw_out
             self._emit = raw_out.append if raw else out.append
@@ -178,7 +151,7 @@ class StreamReader:
     # ------------------------------------------------------------------ data events
 
     def _items(self, e: ev.Items) -> None:
-        st = self.conn._streams.get(e.opaque)
+        st = self.conn.stream_for(e.opaque)
         if st is None:
             return
         self.conn.stats["items"] += len(e.items)
@@ -190,13 +163,13 @@ class StreamReader:
             st.items = e.items
 
     def _snapshot_done(self, e: ev.SnapshotDone) -> None:
-        st = self.conn._streams.get(e.opaque)
+        st = self.conn.stream_for(e.opaque)
         if st is not None:
-            batch = st.complete(e.nbytes, self.conn.fc, self.conn._commit_fn)
+            batch = st.complete(e.nbytes, self.conn.fc, self.conn.commit_fn)
             self._emit(CommitPoint(batch) if self.raw else batch)
 
     def _marker(self, e: ev.Marker) -> None:
-        st = self.conn._streams.get(e.opaque)
+        st = self.conn.stream_for(e.opaque)
         if st is not None:
             st.begin(e.start, e.end, e.flags, e.purge_seqno)
             if self.raw:
@@ -204,23 +177,19 @@ class StreamReader:
 
     # ------------------------------------------------------------------ stream events
 
-    def _forget(self, opaque: int) -> StreamBuffer | None:
-        st = self.conn._streams.pop(opaque, None)
-        if st is not None:
-            self.conn._by_vb.pop(st.vbucket, None)
-        return st
-
     def _stream_ended(self, e: ev.StreamEnded) -> None:
         conn = self.conn
-        st = self._forget(e.opaque)
+        st = conn.forget_stream(e.opaque)
         if st is None:
             return
         reason = e.reason
         if self.raw:
             self._emit(StreamEnd(st.vbucket, reason))
         if reason == StreamEndStatus.OK:
-            conn.session[st.vbucket].done = True
-            conn._check_all_done()
+            session = conn.session
+            assert session is not None  # streams are opened for a session
+            session[st.vbucket].done = True
+            conn.check_all_done()
         elif reason in _FATAL_END:
             raise StreamError(st.vbucket, reason,
                               f"stream ended: {StreamEndStatus(reason).name}")
@@ -231,31 +200,33 @@ class StreamReader:
 
     def _stream_opened(self, e: ev.StreamOpened) -> None:
         conn = self.conn
-        st = conn._streams.get(e.opaque)
+        st = conn.stream_for(e.opaque)
         if st is not None:
             st.log = e.failover_log
             st.state = StreamState.STREAMING
-            conn._retries.pop(st.vbucket, None)
+            conn.retries.pop(st.vbucket, None)
             conn.made_progress = True
 
     def _stream_rollback(self, e: ev.StreamRollback) -> None:
         conn = self.conn
-        st = self._forget(e.opaque)
+        st = conn.forget_stream(e.opaque)
         if st is None:
             return
         vb = st.vbucket
         conn.stats["rollbacks"] += 1
         if conn.cfg.rollback_policy is RollbackPolicy.FAIL:
             raise RollbackError(vb, st.asked_uuid, st.asked_seqno, e.seqno)
-        rb = conn.session.rollback(vb, e.seqno)
-        rb._commit_fn = conn._commit_fn
+        session = conn.session
+        assert session is not None  # streams are opened for a session
+        rb = session.rollback(vb, e.seqno)
+        rb.commit_fn = conn.commit_fn
         conn.delivery.purge_vbucket(vb)
         self._emit(rb)
         conn.schedule_open(vb, 0)
 
     def _stream_refused(self, e: ev.StreamRefused) -> None:
         conn = self.conn
-        st = self._forget(e.opaque)
+        st = conn.forget_stream(e.opaque)
         if st is None:
             return
         vb = st.vbucket
@@ -263,12 +234,12 @@ class StreamReader:
         err = for_status(status, e.value)
         if status in _RETRIABLE:
             now = trio.current_time()
-            since, attempts = conn._retries.get(vb, (now, 0))
+            since, attempts = conn.retries.get(vb, (now, 0))
             attempts += 1
             if now - since >= conn.cfg.retry_timeout:
                 raise RetryTimeoutError("stream request", vbucket=vb, attempts=attempts,
                                         elapsed=now - since, last_error=err) from err
-            conn._retries[vb] = (since, attempts)
+            conn.retries[vb] = (since, attempts)
             conn.stats["stream_retries"] += 1
             conn.schedule_open(vb, min(0.05 * 2 ** (attempts - 1), 2.0))
             return
@@ -277,10 +248,7 @@ class StreamReader:
                                       f"{st.asked_uuid}")
 
     def _answer(self, e: ev.Answer) -> None:
-        rpc = self.conn._rpcs.pop(e.opaque, None)
-        if rpc is not None:
-            rpc.frame = e.result
-            rpc.event.set()
+        self.conn.answered(e.opaque, e.result)
 
 
 def _ignore(_e: object) -> None:

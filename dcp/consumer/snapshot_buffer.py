@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from .structs import SnapshotBatch
+from .batches import SnapshotBatch
 
 __all__ = ["StreamBuffer", "StreamState"]
 

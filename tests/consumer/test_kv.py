@@ -146,3 +146,34 @@ async def test_connect_is_retried_until_the_timeout(autojump_clock):
         async with KvClient(connector=refuse, timeout=3.0):
             pass
     assert info.value.operation == "connect" and attempts == info.value.attempts > 3
+
+
+async def test_a_get_answered_success_without_flags_or_value_is_an_empty_document():
+    """The session hands a SUCCESS answer with nothing but a CAS over as a tuple (the
+    successful-write shape); a GET answered like that is an empty document, flags 0."""
+    from trio.testing import memory_stream_pair
+
+    from dcp.protocol import FrameReader
+
+    client_end, server_end = memory_stream_pair()
+
+    async def serve() -> None:
+        reader = FrameReader()
+        while True:
+            data = await server_end.receive_some(65536)
+            if not data:
+                return
+            reader.feed(data)
+            for f in reader.read_frames():
+                # no extras, no key, no value: only the opaque and a CAS
+                await server_end.send_all(codec.response(f.opcode, opaque=f.opaque, cas=77))
+
+    async def connect() -> trio.abc.Stream:
+        return client_end
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        async with KvClient(connector=connect, num_vbuckets=NUM_VB) as kv:
+            got = await kv.get("doc")
+        nursery.cancel_scope.cancel()
+    assert (got.key, got.value, got.flags, got.cas, got.datatype) == (b"doc", b"", 0, 77, 0)

@@ -21,8 +21,8 @@ from dcp.consumer import (
     Offset,
     UsageError,
 )
+from dcp.consumer.batches import SnapshotBatch
 from dcp.consumer.positions import Session
-from dcp.consumer.structs import SnapshotBatch
 from dcp.protocol.opcodes import SEQNO_MAX
 
 from .conftest import drain, make_client
