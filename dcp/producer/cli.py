@@ -34,7 +34,9 @@ import trio
 
 from ..protocol.errors import StatusError
 from .config import ConfigError, ServerConfig, add_arguments, load_config
+from .engine.datafiles import set_aside_damaged
 from .engine.errors import DataDirError
+from .server import DcpServer
 
 __all__ = ["main"]
 
@@ -57,8 +59,6 @@ def _setup_logging(level: str) -> None:
 
 async def _serve(cfg: ServerConfig) -> bool:
     """Run until stopped; True when the stop was clean (everything persisted)."""
-    from .server import DcpServer
-
     server = DcpServer(cfg)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
@@ -133,8 +133,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _reset_data(data: Path) -> int:
     """``--reset-data``: set a damaged data file aside (0, or an exit code on failure)."""
-    from .engine.datafiles import set_aside_damaged
-
     try:
         done = set_aside_damaged(data)
     except OSError as exc:

@@ -21,6 +21,7 @@ from ..protocol.errors import RemoteProtocolError
 from ..protocol.frames import Frame
 from ..protocol.opcodes import DcpOpenFlag, Opcode, Status, StreamEndStatus
 from .active_stream import ActiveStream, StreamOptions
+from .engine import DecisionKind, decide_stream_request
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -147,8 +148,6 @@ def _client_purge_seqno(value: bytes) -> int:
 def stream_req(conn: Connection, f: Frame) -> None:
     if not _require_open(conn, f):
         return
-    from .engine import DecisionKind, decide_stream_request
-
     req = codec.parse_stream_request(f)
     server = conn.server
     bucket = server.bucket

@@ -95,7 +95,7 @@ async def test_durable_write_reports_a_persisted_seqno(tmp_path):
             r = await k.set("durable-doc", b"x", durable=True)
         vb = codec.vbucket_for_key(b"durable-doc", NUM_VB)
         assert r.vbucket == vb and r.seqno == 1 and r.vb_uuid
-        assert server.persisted_seqno(vb) >= 1
+        assert server.persistence.persisted_seqno(vb) >= 1
 
 
 async def test_unclean_restart_is_reported_as_a_rollback(tmp_path):
