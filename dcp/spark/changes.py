@@ -6,18 +6,38 @@ Rules of this module:
   end, rows)`` runs in row order, from which ``arrow.py`` fills the per-row vbucket and
   snapshot columns.
 - ``newest_per_key`` is the change-set rule: per key, only its newest row survives.
+- ``mutation_row``/``deletion_row``/``expiration_row`` build one item as a row tuple in
+  column order; the executor's protocol session calls them per item, instead of building
+  event objects (so their parameters are the session's item fields, in its order).
 - No I/O; no pyarrow.
 """
 
 from __future__ import annotations
 
 __all__ = ["NCOLS", "OP_DELETION", "OP_EXPIRATION", "OP_MUTATION", "OP_ROLLBACK", "Chunk",
-           "columns", "newest_per_key"]
+           "Row", "columns", "deletion_row", "expiration_row", "mutation_row", "newest_per_key"]
 
 OP_MUTATION, OP_DELETION, OP_EXPIRATION, OP_ROLLBACK = 0, 1, 2, 3
 #: Columns of a chunk, in order: seqno, op, key, value, cas, rev_seqno, flags, expiry,
 #: datatype.
 NCOLS = 9
+#: One change in column order (``None`` where a column does not apply).
+Row = tuple[int, int, bytes, bytes | None, int, int, int | None, int | None, int]
+
+
+def mutation_row(vb: int, by: int, rev: int, cas: int, flags: int, exp: int, lock: int,
+                 dt: int, key: bytes, value: bytes) -> Row:
+    return (by, 0, key, value, cas, rev, flags, exp, dt)  # 0: OP_MUTATION, no global lookup
+
+
+def deletion_row(vb: int, by: int, rev: int, cas: int, dt: int, key: bytes, value: bytes,
+                 delete_time: int | None) -> Row:
+    return (by, OP_DELETION, key, value or None, cas, rev, None, None, dt)
+
+
+def expiration_row(vb: int, by: int, rev: int, cas: int, key: bytes,
+                   delete_time: int) -> Row:
+    return (by, OP_EXPIRATION, key, None, cas, rev, None, None, 0)
 
 
 def columns() -> tuple[list, ...]:

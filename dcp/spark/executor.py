@@ -32,7 +32,7 @@ import operator
 import os
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from dcp.protocol import SEQNO_MAX, DcpOpenFlag, RemoteProtocolError, Status, StreamEndStatus
@@ -40,11 +40,11 @@ from dcp.protocol import events as ev
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 from dcp.protocol.session import ClientSession
 
-from .changes import OP_DELETION, OP_EXPIRATION, Chunk
+from .batch_plan import VbRange, rollback_seqno
+from .changes import Chunk, deletion_row, expiration_row, mutation_row
 from .errors import RangeUnavailableError, RollbackDetectedError
 from .offsets import VbPosition
 from .options import SourceConfig
-from .planning import VbRange, rollback_seqno
 from .ranges import BUFFER_BYTES, RangeRead
 from .wire import ConnectionLost, WireClient
 
@@ -57,24 +57,6 @@ DRAIN_SECONDS = 2.0
 _HISTORY = int(SnapshotMarkerFlag.HISTORY)
 
 _SEQNO = operator.itemgetter(0)
-
-
-# Items as rows in the column order of ``changes.columns``: seqno, op, key, value, cas,
-# rev_seqno, flags, expiry, datatype (built by the session's decoder, one call per item).
-def _mutation_row(vb: int, by: int, rev: int, cas: int, flags: int, exp: int, lock: int,
-                  dt: int, key: bytes, value: bytes) -> tuple:
-    return (by, 0, key, value, cas, rev, flags, exp, dt)
-
-
-def _deletion_row(vb: int, by: int, rev: int, cas: int, dt: int, key: bytes, value: bytes,
-                  delete_time: int | None) -> tuple:
-    return (by, OP_DELETION, key, value or None, cas, rev, None, None, dt)
-
-
-def _expiration_row(vb: int, by: int, rev: int, cas: int, key: bytes,
-                    delete_time: int) -> tuple:
-    return (by, OP_EXPIRATION, key, None, cas, rev, None, None, 0)
-
 _RETRIABLE_END = {StreamEndStatus.DISCONNECTED, StreamEndStatus.SLOW,
                   StreamEndStatus.BACKFILL_FAIL, StreamEndStatus.STATE_CHANGED,
                   StreamEndStatus.ROLLBACK}
@@ -82,6 +64,8 @@ _RETRIABLE_STATUS = {Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Statu
 
 
 class _Reader:
+    """The ranges of one Spark task, read over one connection (see the module rules)."""
+
     def __init__(self, cfg: SourceConfig, ranges: Sequence[VbRange], name: str) -> None:
         self.cfg = cfg
         self.name = name
@@ -91,7 +75,7 @@ class _Reader:
         self.client: WireClient | None = None
         self.outbox: list[bytes] = []  # requests to send with the next write
         self.retry_at: dict[int, float] = {}  # vbucket -> monotonic time of the next request
-        self._handlers: dict[type, Any] = {
+        self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Items: self._items, ev.Marker: self._marker,
             ev.SeqnoAdvanced: self._seqno_advanced, ev.StreamEnded: self._stream_ended,
             ev.StreamOpened: self._stream_opened, ev.StreamRollback: self._stream_rollback,
@@ -103,9 +87,9 @@ class _Reader:
 
     def connect(self) -> None:
         client = WireClient(self.cfg.host, self.cfg.port, timeout=self.cfg.timeout,
-                            session=ClientSession(mutation=_mutation_row,
-                                                  deletion=_deletion_row,
-                                                  expiration=_expiration_row))
+                            session=ClientSession(mutation=mutation_row,
+                                                  deletion=deletion_row,
+                                                  expiration=expiration_row))
         client.connect()
         try:
             client.dcp_open(f"{self.name}:{os.getpid()}:{secrets.token_hex(4)}",

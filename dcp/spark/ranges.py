@@ -25,9 +25,9 @@ import logging
 
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 
+from .batch_plan import VbRange
 from .changes import Chunk, columns, newest_per_key
 from .errors import MergedSnapshotError
-from .planning import VbRange
 
 __all__ = ["BUFFER_BYTES", "RangeRead"]
 

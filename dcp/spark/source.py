@@ -32,12 +32,12 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .arrow import COLUMNS, SCHEMA_DDL, to_record_batch
+from .batch_plan import VbRange, group_ranges, plan_ranges
+from .driver import Planner
 from .errors import OptionError
 from .executor import read_ranges
 from .offsets import from_json, to_json
 from .options import SourceConfig, parse_options
-from .planner import Planner
-from .planning import VbRange, group_ranges, plan_ranges
 
 __all__ = ["DcpBatchReader", "DcpDataSource", "DcpPartition", "DcpStreamReader"]
 

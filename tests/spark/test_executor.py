@@ -12,12 +12,12 @@ import trio
 from dcp.protocol import FrameReader, Opcode, codec
 from dcp.protocol.layout import MUTATION_EXTRAS
 from dcp.spark.arrow import to_record_batch
+from dcp.spark.batch_plan import VbRange
 from dcp.spark.changes import OP_ROLLBACK, Chunk
+from dcp.spark.driver import Planner
 from dcp.spark.errors import MergedSnapshotError, RollbackDetectedError
 from dcp.spark.executor import read_ranges
 from dcp.spark.options import parse_options
-from dcp.spark.planner import Planner
-from dcp.spark.planning import VbRange
 
 from .helpers import ThreadServer
 

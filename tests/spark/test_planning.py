@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dcp.spark.errors import OffsetError, RangeUnavailableError, RollbackDetectedError
-from dcp.spark.offsets import VbPosition
-from dcp.spark.planning import (
+from dcp.spark.batch_plan import (
     VbRange,
     branch_uuid,
     group_ranges,
@@ -14,6 +12,8 @@ from dcp.spark.planning import (
     plan_ranges,
     rollback_seqno,
 )
+from dcp.spark.errors import OffsetError, RangeUnavailableError, RollbackDetectedError
+from dcp.spark.offsets import VbPosition
 
 LOG = [(222, 10), (111, 0)]  # newest first: branch 222 started at seqno 10
 

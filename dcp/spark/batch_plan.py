@@ -1,0 +1,208 @@
+"""How a batch is planned, as pure decisions: rollback checks, snapshot-aligned end
+offsets, the per-vbucket ranges and their grouping into tasks.
+
+Rules of this module:
+- No I/O, no clock, no Spark: every function takes what the server said (high seqnos,
+  failover logs) and what the planner has observed, and returns a decision. The
+  stateful driver-side ``Planner`` (``driver.py``) and the tests drive these.
+- An end offset is only ever a seqno the server presented as a snapshot boundary: a high
+  seqno returned by GET_ALL_VB_SEQNOS (the server closes each vbucket's open checkpoint
+  when it answers, so later writes cannot be deduplicated into it). The planner remembers
+  the boundaries it saw, and a row limit cuts at the largest remembered boundary within
+  budget; at least one boundary is taken per batch so a stream always progresses.
+- The rollback rule is the server's (protocol_spec §8) for a zero-width snapshot
+  ``S = SS = SE``: find the uuid in the failover log (newest first); *upper* is the next
+  newer entry's seqno, or the high seqno; the position is on history iff ``S <= upper``,
+  else the rollback seqno is ``upper``; an unknown uuid rolls back to 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import OffsetError, RangeUnavailableError, RollbackDetectedError
+from .offsets import Offsets, VbPosition
+
+__all__ = [
+    "FailoverLog",
+    "VbRange",
+    "branch_uuid",
+    "group_ranges",
+    "plan_end",
+    "plan_ranges",
+    "rollback_seqno",
+]
+
+FailoverLog = Sequence[tuple[int, int]]  # (uuid, seqno), newest first
+
+
+@dataclass(frozen=True, slots=True)
+class VbRange:
+    """One vbucket's share of a batch: the changes in ``(start, end]``, requested with
+    ``uuid`` (the start's branch) and planned on branch ``end_uuid`` (0 = not checked);
+    ``rollback`` (if set) means "emit a rollback to this seqno" and nothing else."""
+
+    vbucket: int
+    uuid: int
+    start: int
+    end: int
+    rollback: int | None = None
+    end_uuid: int = 0
+
+    @property
+    def weight(self) -> int:
+        return max(1, self.end - self.start)
+
+
+def rollback_seqno(pos: VbPosition, log: FailoverLog, high: int) -> int | None:
+    """Where the server would roll ``pos`` back to, or None when it is on history."""
+    s = pos.seqno
+    if s == 0:
+        return None
+    if pos.uuid == 0:
+        # A position given without uuid ("seqno N of whatever branch is current"):
+        # accepted as long as the vbucket has reached it.
+        return None if s <= high else high
+    upper = None
+    for i, (uuid, _seq) in enumerate(log):
+        if uuid == pos.uuid:
+            upper = log[i - 1][1] if i > 0 else high
+            break
+    if upper is None:
+        return 0
+    return None if s <= upper else upper
+
+
+def branch_uuid(log: FailoverLog, seqno: int) -> int:
+    """The uuid of the history branch that holds ``seqno`` (newest entry at or below it)."""
+    for uuid, seq in log:
+        if seq <= seqno:
+            return uuid
+    return log[-1][0] if log else 0
+
+
+def _budget_ends(start: Offsets, options: Mapping[int, list[int]], limit: int | None
+                 ) -> dict[int, int]:
+    """Per vbucket, the chosen boundary. ``options[vb]`` are ascending candidate ends
+    (all > start). With a limit, vbuckets advance one boundary at a time, round robin,
+    while the seqno budget lasts; the first step is always taken."""
+    chosen: dict[int, int] = {}
+    if limit is None:
+        return {vb: c[-1] for vb, c in options.items() if c}
+    used = 0
+    idx = dict.fromkeys(options, 0)
+    progressed = True
+    while progressed:
+        progressed = False
+        for vb in sorted(options):
+            cands = options[vb]
+            i = idx[vb]
+            if i >= len(cands):
+                continue
+            prev = chosen.get(vb, start[vb].seqno)
+            cost = cands[i] - prev
+            if chosen and used + cost > limit:
+                continue
+            chosen[vb] = cands[i]
+            idx[vb] = i + 1
+            used += cost
+            progressed = True
+    return chosen
+
+
+def plan_end(
+    start: Offsets,
+    highs: Mapping[int, int],
+    logs: Mapping[int, FailoverLog],
+    boundaries: Mapping[int, Sequence[int]],
+    *,
+    limit: int | None = None,
+    target: Mapping[int, int] | None = None,
+    on_rollback: str = "fail",
+    floor: Mapping[int, int] | None = None,
+) -> Offsets:
+    """The end offset of the next batch (``start`` itself when there is nothing new).
+
+    Args:
+        start: the batch's start offset.
+        highs: the server's high seqno per vbucket (just observed: a boundary).
+        logs: failover logs, at least of every vbucket whose position is checked.
+        boundaries: earlier observed boundaries per vbucket (ascending; may be empty).
+        limit: seqno budget of the batch (``maxRowsPerBatch``), None = no bound.
+        target: availableNow: never plan past these seqnos.
+        on_rollback: "fail" raises ``RollbackDetectedError``; "rewind" ends the vbucket
+            at the rollback seqno with the rollback mark.
+        floor: rewind at least this low (per vbucket): the start of the previous batch,
+            whose executors may have found the branch gone and delivered nothing past
+            it. Rewinding lower than needed only repeats changes after an explicit
+            rollback row; rewinding higher would lose them.
+    """
+    end: Offsets = dict(start)
+    options: dict[int, list[int]] = {}
+    for vb, pos in start.items():
+        if vb not in highs:
+            raise RangeUnavailableError(
+                f"vbucket {vb} is not served by the server any more (GET_ALL_VB_SEQNOS does "
+                f"not list it); was the server restarted with fewer vbuckets?")
+        high = highs[vb]
+        log = logs.get(vb, ())
+        if pos.seqno and (pos.uuid or pos.seqno > high):
+            r = rollback_seqno(pos, log, high)
+            if r is not None:
+                if on_rollback != "rewind":
+                    detail = f"Server failover log (uuid, seqno), newest first: {list(log)}."
+                    raise RollbackDetectedError(vb, pos.uuid, pos.seqno, r, "planning", detail)
+                if floor is not None and vb in floor:
+                    r = min(r, floor[vb])
+                end[vb] = VbPosition(branch_uuid(log, r), r, r)
+                continue
+        cap = high if target is None else min(high, target.get(vb, high))
+        cands = [b for b in boundaries.get(vb, ()) if pos.seqno < b < cap]
+        if cap > pos.seqno:
+            cands.append(cap)
+        if cands:
+            options[vb] = cands
+    for vb, e in _budget_ends(start, options, limit).items():
+        end[vb] = VbPosition(branch_uuid(logs.get(vb, ()), e), e)
+    return end
+
+
+def plan_ranges(start: Offsets, end: Offsets) -> list[VbRange]:
+    """The per-vbucket ranges of batch ``(start, end]`` (vbuckets without change skipped).
+
+    Raises:
+        OffsetError: the offsets name different vbuckets, or an end is below its start
+            without a rollback mark (Spark would otherwise run an empty batch: data loss).
+    """
+    if set(start) != set(end):
+        raise OffsetError(f"start and end offsets name different vbuckets: "
+                          f"{sorted(set(start) ^ set(end))}")
+    out: list[VbRange] = []
+    for vb in sorted(end):
+        s, e = start[vb], end[vb]
+        if s == e:
+            continue
+        if e.rollback is not None:
+            out.append(VbRange(vb, e.uuid, e.rollback, e.rollback, e.rollback, e.uuid))
+            continue
+        if e.seqno < s.seqno:
+            raise OffsetError(f"vbucket {vb}: end seqno {e.seqno} is below start seqno "
+                              f"{s.seqno} without a rollback; refusing to plan an empty range")
+        if e.seqno == s.seqno:
+            continue  # uuid learned, nothing to read
+        out.append(VbRange(vb, s.uuid or e.uuid, s.seqno, e.seqno, None, e.uuid))
+    return out
+
+
+def group_ranges(ranges: Sequence[VbRange], n: int) -> list[list[VbRange]]:
+    """Spread ranges over at most ``n`` groups of similar weight (largest first into the
+    lightest group); deterministic; each group sorted by vbucket."""
+    n = max(1, min(n, len(ranges)))
+    groups: list[list[VbRange]] = [[] for _ in range(n)]
+    loads = [0] * n
+    for r in sorted(ranges, key=lambda r: (-r.weight, r.vbucket)):
+        i = min(range(n), key=lambda j: (loads[j], j))
+        groups[i].append(r)
+        loads[i] += r.weight
+    return [sorted(g, key=lambda r: r.vbucket) for g in groups if g]
