@@ -1,7 +1,8 @@
 """A deliberately small raw-wire client for server tests (independent of the SDK).
 
-It speaks only through ``dcp.protocol`` builders and the FrameReader, so a server test
-fails on the server's bytes, not on SDK behaviour.
+It speaks only through ``dcp.protocol`` builders and a ``RawSession`` (the client session's
+framing, which hands out every frame and acts on none), so a server test fails on the
+server's bytes, not on SDK behaviour: noops, acks and opaques are this client's business.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from collections.abc import Callable
 
 import trio
 
-from dcp.protocol import DcpOpenFlag, Frame, FrameReader, Opcode, Status, codec
+from dcp.protocol import DcpOpenFlag, Frame, Opcode, Status, codec
+from dcp.protocol.raw_session import RawSession
 
 
 class WireClient:
     def __init__(self, stream: trio.SocketStream, num_vbuckets: int) -> None:
         self.stream = stream
         self.num_vbuckets = num_vbuckets
-        self.reader = FrameReader()
+        self.session = RawSession()
         self.stash: deque[Frame] = deque()
         self.opaques = itertools.count(1000)
         self.eof = False
@@ -41,8 +43,7 @@ class WireClient:
         if not data:
             self.eof = True
             return False
-        self.reader.feed(data)
-        self.stash.extend(self.reader.read_frames())
+        self.stash.extend(self.session.receive_data(data))
         return True
 
     async def next_frame(self, timeout: float = 5.0) -> Frame:

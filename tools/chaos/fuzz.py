@@ -29,8 +29,8 @@ import trio
 
 from dcp.consumer import DcpClient, Deletion, Expiration, MemoryOffsetStore, Mutation
 from dcp.protocol import codec
-from dcp.protocol.frames import FrameReader
 from dcp.protocol.opcodes import DcpOpenFlag, Opcode
+from dcp.protocol.raw_session import RawSession
 
 from .frames import FrameFactory, hypothesis_corpus
 from .procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
@@ -65,14 +65,13 @@ async def _episode(port: int, fac: FrameFactory, st: _Stats, rng: random.Random,
     eof = trio.Event()
 
     async def read() -> None:
-        reader = FrameReader(max_body_size=64 << 20)
+        session = RawSession(max_body_size=64 << 20)
         try:
             while True:
                 data = await stream.receive_some(1 << 16)
                 if not data:
                     break
-                reader.feed(data)
-                for f in reader.read_frames():
+                for f in session.receive_data(data):
                     st.responses += 1
                     if f.is_response and f.opaque == probe:
                         got_probe.set()

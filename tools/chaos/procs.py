@@ -28,8 +28,8 @@ from typing import Any
 import trio
 
 from dcp.protocol import codec
-from dcp.protocol.frames import FrameReader
 from dcp.protocol.opcodes import Opcode, Status
+from dcp.protocol.raw_session import RawSession
 
 __all__ = [
     "HOST",
@@ -257,11 +257,12 @@ class ServerProcess:
 
 
 class RawClient:
-    """A minimal memcached-binary client over trio (independent of the SDK)."""
+    """A minimal memcached-binary client over trio (independent of the SDK): a shell over
+    a ``RawSession``, which frames; answers are matched by opaque here."""
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.reader = FrameReader()
+        self.session = RawSession()
         self.stash: list[Any] = []
         self.opaque = 0x1000
 
@@ -281,8 +282,7 @@ class RawClient:
         data = await self.stream.receive_some(1 << 16)
         if not data:
             raise EOFError("server closed the connection")
-        self.reader.feed(data)
-        self.stash.extend(self.reader.read_frames())
+        self.stash.extend(self.session.receive_data(data))
 
     async def call(self, frame: bytes, opaque: int, timeout: float = 10.0) -> Any:
         await self.stream.send_all(frame)
