@@ -27,7 +27,7 @@ from typing import Any
 from ..producer.engine.item import ItemOp
 from ..producer.engine.records import VBStateRecord, decode_item, record_intact
 from ..protocol.opcodes import VBucketState
-from .offline import DamagedRecord, OfflineStore, Snapshot
+from .store_reader import DamagedRecord, OfflineStore, Snapshot
 
 __all__ = ["MAX_PER_VBUCKET", "check_store"]
 

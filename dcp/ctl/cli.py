@@ -2,7 +2,7 @@
 
 Rules of this module:
 - Argument parsing and the error boundary only; each command lives in its own module
-  (``live``, ``streams``, ``tail``, ``kv``, ``metrics``, ``offline_cmds``) and composes
+  (``live``, ``streams``, ``tail``, ``kv``, ``metrics``, ``inspect_cmds``) and composes
   public APIs (the SDK, ``dcp.protocol``, the engine's record decoders). A command's
   module is imported only when it runs (``"module:function"``), so ``inspect`` never
   loads trio or the SDK and every command starts faster.
@@ -65,7 +65,7 @@ def _command(sub: Any, name: str, fn: str, help_: str,
     return p
 
 
-_INSPECT = "offline_cmds:cmd_inspect"
+_INSPECT = "inspect_cmds:cmd_inspect"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -67,7 +67,7 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
     seq = by_vbucket(seqnos)
     ck = by_vbucket(ckpts)
     nstreams = streams_per_vbucket(streams)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for vb in vbs:
         if args.active and state_of[vb] != "active":
             continue

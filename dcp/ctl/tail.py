@@ -126,17 +126,16 @@ async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
                         out.json_line(event_doc(ev))
                     else:
                         out.line(_event_line(ev, args.value_width))
-                    t = type(ev)
-                    if t is SnapshotMarker:
+                    if isinstance(ev, SnapshotMarker):
                         counts["snapshots"] += 1
-                    elif t is Mutation or t is Deletion or t is Expiration:
+                    elif isinstance(ev, (Mutation, Deletion, Expiration)):
                         counts[ev.kind + "s"] += 1
                         changes += 1
                         if total is not None:
                             _progress(bar, last, ev.vbucket, min(ev.seqno, highs[ev.vbucket]))
                         if args.limit and changes >= args.limit:
                             break
-                    elif t is StreamEnd and total is not None and ev.reason == _OK:
+                    elif isinstance(ev, StreamEnd) and total is not None and ev.reason == _OK:
                         _progress(bar, last, ev.vbucket, highs[ev.vbucket])
     except (DcpClientError, StatusError) as exc:
         raise CtlError(f"streaming from {args.host}:{args.port} failed: {exc}") from None

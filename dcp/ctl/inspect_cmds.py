@@ -1,7 +1,7 @@
 """``dcpctl inspect DATA_DIR ...``: what a data directory holds, read without a server.
 
 Rules of this module:
-- Read-only and safe while the server runs (see ``offline.py``); every view is what is
+- Read-only and safe while the server runs (see ``store_reader.py``); every view is what is
   *persisted*: a running server may hold newer items in memory.
 - ``vbuckets`` (the default) and ``check`` scan every record of the chosen vbuckets;
   ``dump`` and ``history`` scan one vbucket. A progress bar appears on a terminal.
@@ -19,8 +19,8 @@ from ..producer.engine.item import ItemOp
 from ..protocol.opcodes import VBucketState
 from .args import check_vbuckets
 from .check import check_store
-from .offline import OfflineStore, Snapshot, describe_env
 from .output import CtlError, Output, preview, value_doc
+from .store_reader import OfflineStore, Snapshot, describe_env
 
 __all__ = ["cmd_inspect"]
 
@@ -171,7 +171,7 @@ def _history(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
         rec = snap.state(vb)
         for r in snap.records(vb):
             versions.setdefault(r.key, []).append((r.key_seqno, r.op, r.rev_seqno, r.cas))
-    old = []
+    old: list[dict[str, Any]] = []
     for key, vs in versions.items():
         for (seqno, op, rev, cas), nxt in itertools.pairwise(vs):
             old.append({"seqno": seqno, "key": key.decode("utf-8", "backslashreplace"),

@@ -107,8 +107,8 @@ class OfflineStore:
 
     def _open(self) -> Any:
         # A map at least as large as the file; the server may still grow it (see _begin).
-        kw = dict(readonly=True, subdir=True, max_dbs=_MAX_DBS, max_readers=1024,
-                  map_size=max(self.file_size, 1 << 20))
+        kw: dict[str, Any] = dict(readonly=True, subdir=True, max_dbs=_MAX_DBS, max_readers=1024,
+                                  map_size=max(self.file_size, 1 << 20))
         # No lock file: no process has this environment open (LMDB creates it on open),
         # so nothing can be writing; don't create one either.
         lock = (self.path / "lock.mdb").exists()
