@@ -225,14 +225,15 @@ class Persistence:
     async def compact_now(self) -> int:
         """One compaction under the storage lock; the number of tombstones purged (0 when
         it failed: logged, the next round tries again)."""
-        bucket = self.bucket
-        storage = bucket.storage
+        compactor = self.bucket.compactor
+        storage = self.bucket.storage
         try:
             with trio.CancelScope(shield=True):
                 async with self._lock:
-                    job = storage.prepare_compaction(bucket, self.clock())
-                    result = await trio.to_thread.run_sync(storage.run_compaction, job)
-                    purged = storage.complete_compaction(bucket, job, result)
+                    # plan and complete touch vbuckets (this thread); compact is LMDB only
+                    plan = compactor.plan(self.clock())
+                    result = await trio.to_thread.run_sync(storage.compact, plan)
+                    purged = compactor.complete(result)
         except StorageError as exc:
             log.error("compaction failed: %s", exc)
             return 0

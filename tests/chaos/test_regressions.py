@@ -122,7 +122,7 @@ async def test_stalled_consumer_buffers_a_bounded_amount_of_backfill_whatever_th
     8 MiB checkpoint quota; 123 MiB of it buffered backfill). The scan of each stream pauses
     at ``backfill_buffer_bytes``, but a scan that has read its whole range ends and frees
     its ``max_concurrent_backfills`` slot while its items stay buffered for a consumer that
-    does not read them (``tasks.run_backfill``): one stalled consumer of N vbuckets pins up
+    does not read them (``Backfills.run``): one stalled consumer of N vbuckets pins up
     to N x backfill_buffer_bytes, i.e. the data set, not a fixed budget."""
     nv = 32
     opts = dict(num_vbuckets=nv, backfill_buffer_bytes=256 * 1024, max_concurrent_backfills=2)
