@@ -3,8 +3,9 @@ writer writes far more than the checkpoint memory quota; memory must stay bounde
 cursors must be dropped, and once they resume they must receive everything (by backfill).
 
 Rules of this module:
-- Three slow consumers: ``stall`` (raw wire, 256 KiB flow-control window, never acks
-  until resumed), ``trickle`` (raw wire, no flow control, reads 4 KiB every 50 ms) and
+- Three slow consumers: ``stall`` (a thin shell over ``ClientSession``, 256 KiB
+  flow-control window, never acks until resumed), ``trickle`` (the same shell, no flow
+  control, reads 4 KiB every 50 ms) and
   ``sdk-paused`` (an SDK ``DcpClient`` whose application does not iterate until resumed).
 - Two phases of writes: first with no DCP consumer (the server's own heap peak under
   this ingest), then with the slow consumers connected. Sampled: RSS (psutil; anonymous
@@ -30,9 +31,16 @@ from typing import Any
 import trio
 
 from dcp.consumer import DcpClient, KvClient, MemoryOffsetStore
-from dcp.protocol import codec
-from dcp.protocol.frames import FrameReader
-from dcp.protocol.opcodes import DcpOpenFlag, Opcode
+from dcp.protocol import ClientSession, RemoteProtocolError, codec
+from dcp.protocol.events import (
+    Items,
+    Marker,
+    Mutation,
+    StreamEnded,
+    StreamRefused,
+    StreamRollback,
+)
+from dcp.protocol.opcodes import DcpOpenFlag
 
 from .procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
 
@@ -75,7 +83,8 @@ class _Received:
 
 
 class RawSlowConsumer:
-    """A raw-wire DCP consumer that can stall (no acks) or trickle (tiny slow reads)."""
+    """A DCP consumer over a ``ClientSession`` (outside the SDK, so nothing buffers ahead
+    of it) that can stall (no acks) or trickle (tiny slow reads)."""
 
     def __init__(self, name: str, port: int, nv: int, *, window: int, mode: str) -> None:
         self.name = name
@@ -95,31 +104,39 @@ class RawSlowConsumer:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         stream = await trio.open_tcp_stream(HOST, self.port)
-        reader = FrameReader(max_body_size=64 << 20)
-        hs = codec.dcp_open(self.name, DcpOpenFlag.PRODUCER, 1)
-        hs += codec.dcp_control("connection_buffer_size", str(self.window), 2)
-        hs += codec.dcp_control("supports_cursor_dropping", "true", 3)
+        # the session frames, answers noops and counts flow control; acks are due only
+        # for bytes this consumer reports ``handed`` (never while stalled)
+        session = ClientSession(window=self.window, queue_per_chunk=True,
+                                max_body_size=64 << 20)
+        hs = codec.dcp_open(self.name, DcpOpenFlag.PRODUCER, session.next_opaque())
+        hs += codec.dcp_control("connection_buffer_size", str(self.window),
+                                session.next_opaque())
+        hs += codec.dcp_control("supports_cursor_dropping", "true", session.next_opaque())
         for vb in range(self.nv):
-            hs += codec.stream_request(vb, 100 + vb)
+            hs += session.stream_request(vb)[1]
         await stream.send_all(hs)
         task_status.started()
-        got = self.got
 
         async def ack_on_resume() -> None:
             await self.resumed.wait()
             if self.unacked:  # the window is full: nothing arrives until we ack
                 n, self.unacked = self.unacked, 0
-                await self.send(stream, codec.buffer_ack(n))
+                ack = session.handed(n)
+                if ack:
+                    await self.send(stream, ack)
 
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(ack_on_resume)
-                await self._read(stream, reader, got)
+                await self._read(stream, session, self.got)
                 nursery.cancel_scope.cancel()
+        except RemoteProtocolError as exc:
+            self.error = f"server broke the protocol: {exc}"
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _read(self, stream: trio.SocketStream, reader: FrameReader, got: _Received) -> None:
+    async def _read(self, stream: trio.SocketStream, session: ClientSession,
+                    got: _Received) -> None:
         while True:
             resumed = self.resumed.is_set()
             size = 4096 if self.mode == "trickle" and not resumed else 1 << 18
@@ -127,30 +144,28 @@ class RawSlowConsumer:
             if not data:
                 self.error = "server closed the connection"
                 return
-            reader.feed(data)
-            for f in reader.read_frames():
-                if f.is_response:
-                    if f.opcode == Opcode.DCP_STREAM_REQ and f.status:
-                        self.error = f"stream request vb {f.opaque - 100}: 0x{f.status:x}"
-                    continue
-                op = f.opcode
-                if op != Opcode.DCP_NOOP:
-                    self.unacked += f.size
-                vb = f.vbucket
-                if op == Opcode.DCP_SNAPSHOT_MARKER:
-                    s, e, flags, _, _ = codec.parse_snapshot_marker(f)
-                    got.on_marker(vb, s, e, flags)
-                elif op == Opcode.DCP_MUTATION:
-                    got.on_item(vb, codec.parse_mutation(f)[0], bytes(f.key), bytes(f.value))
-                elif op in (Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION):
-                    got.on_item(vb, codec.parse_deletion(f)[0], bytes(f.key), None)
-                elif op == Opcode.DCP_STREAM_END:
-                    self.error = f"unexpected stream end vb {vb}"
-                elif op == Opcode.DCP_NOOP:
-                    await self.send(stream, codec.response(Opcode.DCP_NOOP, opaque=f.opaque))
-            if (self.mode != "stall" or resumed) and self.unacked > self.window // 5:
-                await stream.send_all(codec.buffer_ack(self.unacked))
+            for ev in session.receive_data(data):
+                kind = type(ev)
+                if kind is Items:
+                    vb = ev.vbucket
+                    for item in ev.items:
+                        got.on_item(vb, item.seqno, item.key,
+                                    item.value if type(item) is Mutation else None)
+                elif kind is Marker:
+                    got.on_marker(ev.vbucket, ev.start, ev.end, ev.flags)
+                elif kind is StreamEnded:
+                    self.error = f"unexpected stream end vb {ev.vbucket}"
+                elif kind is StreamRefused:
+                    self.error = f"stream request vb {ev.vbucket}: 0x{ev.status:x}"
+                elif kind is StreamRollback:
+                    self.error = f"stream request vb {ev.vbucket}: rollback to {ev.seqno}"
+            self.unacked += session.counted
+            out = session.data_to_send()  # noop replies
+            if self.mode != "stall" or resumed:
+                out += session.handed(self.unacked)
                 self.unacked = 0
+            if out:
+                await self.send(stream, out)
             if self.mode == "trickle" and not resumed:
                 await trio.sleep(0.05)
 
