@@ -66,9 +66,9 @@ def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> No
     GET_ALL_VB_SEQNOS and failover-log requests, and streams each requested vbucket from
     seqno 0 as pre-encoded memory snapshots (only the opaque is patched per request)."""
     import socket
-    import struct
 
-    from dcp.protocol import FrameReader, Opcode, codec
+    from dcp.protocol import Frame, Opcode, ServerSession, codec
+    from dcp.protocol.layout import U32
 
     per = {vb: rows // vbuckets + (1 if vb < rows % vbuckets else 0) for vb in range(vbuckets)}
     value = b"x" * value_size
@@ -86,10 +86,10 @@ def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> No
                 pos += len(f)
         encoded[vb] = (b"".join(parts), offs)
     log = codec.failover_log_value([(0x1234, 0)])
-    pack_into = struct.Struct(">I").pack_into
+    pack_into = U32.pack_into
 
     def handle(conn: socket.socket) -> None:
-        reader = FrameReader()
+        session = ServerSession()  # frames requests; the client's answers are absorbed
         opaques: dict[int, int] = {}
         with conn:
             while True:
@@ -99,8 +99,9 @@ def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> No
                     return
                 if not data:
                     return
-                reader.feed(data)
-                for f in reader.read_frames():
+                for f in session.receive_data(data):
+                    if not isinstance(f, Frame):
+                        continue  # a refused DCP message: the replay does not care
                     op, o = f.opcode, f.opaque
                     if op == Opcode.GET_ALL_VB_SEQNOS:
                         out = codec.response(op, opaque=o, value=codec.all_vb_seqnos_value(
