@@ -7,9 +7,10 @@ Rules of this module:
   raise ``LocalProtocolError``. Parsers take a ``Frame`` from the network and raise
   ``RemoteProtocolError`` on a wrong extras length or value size: they never trust it.
 - The per-item hot path (mutation, deletion, expiration, snapshot marker, buffer ack)
-  is written with module-level ``struct.Struct`` objects and plain tuples, no objects.
-  ``mutation_body`` lets the server encode an item's extras + key + value once, so each
-  stream only packs the 24-byte header (``dcp_header``).
+  lives in ``item_codec.py`` and is re-exported here: ``codec.X`` names every builder
+  and parser. This module holds the generic ``request``/``response`` and the cold ones
+  (handshake, DCP control, KV, frame infos), whose out-of-range fields the
+  ``_refuses_out_of_range`` wrapper turns into ``LocalProtocolError``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,25 @@ import struct
 from dataclasses import dataclass
 
 from .errors import LocalProtocolError, RemoteProtocolError
-from .frames import Frame, encode_frame, encode_frame_infos, parse_frame_infos
+from .frames import Frame, encode_frame, encode_frame_infos, need_extras, parse_frame_infos
+from .item_codec import (
+    buffer_ack,
+    dcp_header,
+    deletion,
+    deletion_body,
+    expiration,
+    expiration_body,
+    mutation,
+    mutation_body,
+    parse_buffer_ack,
+    parse_deletion,
+    parse_expiration,
+    parse_mutation,
+    parse_seqno_advanced,
+    parse_snapshot_marker,
+    parse_stream_end,
+    snapshot_marker,
+)
 from .layout import (
     DELETION_V1_EXTRAS,
     DELETION_V2_EXTRAS,
@@ -55,6 +74,7 @@ __all__ = [
     "DELETION_V2_EXTRAS",
     "EXPIRATION_EXTRAS",
     "HDR_MUTATION",
+    "HEADER",
     "MARKER_V1",
     "MARKER_V2_0",
     "MUTATION_EXTRAS",
@@ -104,8 +124,6 @@ __all__ = [
 ]
 
 # The layouts live in ``layout.py``; codec's names for them stay importable from here.
-_hdr_pack = HEADER.pack
-_mut_pack = MUTATION_EXTRAS.pack
 
 
 # --------------------------------------------------------------------------- generic
@@ -163,10 +181,6 @@ def response(
     )
 
 
-def _out_of_range(what: str, exc: Exception) -> LocalProtocolError:
-    return LocalProtocolError(f"{what}: field out of range ({exc})")
-
-
 def _refuses_out_of_range(builder):
     """Turn ``struct.error``/``ValueError`` of an out-of-range field into ``LocalProtocolError``.
 
@@ -178,177 +192,9 @@ def _refuses_out_of_range(builder):
         try:
             return builder(*args, **kwargs)
         except (struct.error, ValueError) as exc:
-            raise _out_of_range(builder.__name__, exc) from exc
+            raise LocalProtocolError.out_of_range(builder.__name__, exc) from exc
 
     return wrapper
-
-
-def _need_extras(frame: Frame, size: int | tuple[int, ...], what: str) -> None:
-    n = len(frame.extras)
-    if (n != size) if isinstance(size, int) else (n not in size):
-        raise RemoteProtocolError(f"{what}: extras length {n}, expected {size}")
-
-
-# --------------------------------------------------------------------------- hot path
-
-
-def dcp_header(
-    opcode: int, keylen: int, extlen: int, datatype: int, vbucket: int, bodylen: int,
-    opaque: int, cas: int,
-) -> bytes:
-    """The 24-byte request header of a producer message (magic 0x80)."""
-    try:
-        return _hdr_pack(0x80, opcode, keylen, extlen, datatype, vbucket, bodylen, opaque, cas)
-    except struct.error as exc:
-        raise _out_of_range("dcp_header", exc) from exc
-
-
-def mutation_body(
-    by_seqno: int, rev_seqno: int, flags: int, expiry: int, key: bytes, value: bytes,
-    lock_time: int = 0,
-) -> bytes:
-    """Extras (31 B) + key + value of a DCP_MUTATION: encode once, send to many streams."""
-    try:
-        return _mut_pack(by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0) + key + value
-    except struct.error as exc:
-        raise _out_of_range("mutation_body", exc) from exc
-
-
-def deletion_body(
-    by_seqno: int, rev_seqno: int, key: bytes, value: bytes = b"", delete_time: int | None = None
-) -> bytes:
-    """Extras + key + value of a DCP_DELETION: V1 (18 B) or, with a delete time, V2 (21 B)."""
-    try:
-        if delete_time is None:
-            return DELETION_V1_EXTRAS.pack(by_seqno, rev_seqno, 0) + key + value
-        return DELETION_V2_EXTRAS.pack(by_seqno, rev_seqno, delete_time, 0) + key + value
-    except struct.error as exc:
-        raise _out_of_range("deletion_body", exc) from exc
-
-
-def expiration_body(by_seqno: int, rev_seqno: int, delete_time: int, key: bytes) -> bytes:
-    try:
-        return EXPIRATION_EXTRAS.pack(by_seqno, rev_seqno, delete_time) + key
-    except struct.error as exc:
-        raise _out_of_range("expiration_body", exc) from exc
-
-
-def mutation(
-    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, value: bytes, *,
-    cas: int = 0, datatype: int = 0, flags: int = 0, expiry: int = 0, lock_time: int = 0,
-) -> bytes:
-    kl = len(key)
-    try:
-        head = HDR_MUTATION.pack(
-            0x80, Opcode.DCP_MUTATION, kl, 31, datatype, vbucket, 31 + kl + len(value), opaque,
-            cas, by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0,
-        )
-    except struct.error as exc:
-        raise _out_of_range("mutation", exc) from exc
-    return head + key + value
-
-
-def deletion(
-    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, *, cas: int = 0,
-    datatype: int = 0, value: bytes = b"", delete_time: int | None = None,
-) -> bytes:
-    body = deletion_body(by_seqno, rev_seqno, key, value, delete_time)
-    el = 18 if delete_time is None else 21
-    return dcp_header(Opcode.DCP_DELETION, len(key), el, datatype, vbucket, len(body), opaque,
-                      cas) + body
-
-
-def expiration(
-    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, *, cas: int = 0,
-    delete_time: int = 0,
-) -> bytes:
-    body = expiration_body(by_seqno, rev_seqno, delete_time, key)
-    return dcp_header(Opcode.DCP_EXPIRATION, len(key), 20, 0, vbucket, len(body), opaque,
-                      cas) + body
-
-
-def snapshot_marker(
-    vbucket: int, opaque: int, start: int, end: int, flags: int, *,
-    max_visible_seqno: int | None = None, high_completed_seqno: int | None = None,
-) -> bytes:
-    """V1 (20 B extras) unless a max-visible/high-completed seqno is given, then V2.0."""
-    if start > end:
-        raise LocalProtocolError(f"snapshot start {start} > end {end}")
-    try:
-        if max_visible_seqno is None and high_completed_seqno is None:
-            ext = MARKER_V1.pack(start, end, flags)
-            return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 20, 0, vbucket, 20, opaque, 0) + ext
-        val = MARKER_V2_0.pack(start, end, flags, max_visible_seqno
-                               if max_visible_seqno is not None else end, high_completed_seqno or 0)
-    except struct.error as exc:
-        raise _out_of_range("snapshot_marker", exc) from exc
-    return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 1, 0, vbucket, 37, opaque, 0) + b"\x00" + val
-
-
-def buffer_ack(nbytes: int, opaque: int = 0) -> bytes:
-    if not 0 <= nbytes <= 0xFFFFFFFF:
-        raise LocalProtocolError(f"buffer ack of {nbytes} bytes does not fit uint32")
-    return dcp_header(Opcode.DCP_BUFFER_ACK, 0, 4, 0, 0, 4, opaque, 0) + U32.pack(nbytes)
-
-
-def parse_mutation(frame: Frame) -> tuple[int, int, int, int, int]:
-    """(by_seqno, rev_seqno, flags, expiry, lock_time) of a DCP_MUTATION."""
-    if len(frame.extras) != 31:
-        raise RemoteProtocolError(f"DCP_MUTATION: extras length {len(frame.extras)}, expected 31")
-    by, rev, flags, exp, lock, _nmeta, _nru = MUTATION_EXTRAS.unpack(frame.extras)
-    return by, rev, flags, exp, lock
-
-
-def parse_deletion(frame: Frame) -> tuple[int, int, int | None]:
-    """(by_seqno, rev_seqno, delete_time or None) of a V1 or V2 DCP_DELETION."""
-    n = len(frame.extras)
-    if n == 18:
-        by, rev, _nmeta = DELETION_V1_EXTRAS.unpack(frame.extras)
-        return by, rev, None
-    if n == 21:
-        by, rev, dt, _ = DELETION_V2_EXTRAS.unpack(frame.extras)
-        return by, rev, dt
-    raise RemoteProtocolError(f"DCP_DELETION: extras length {n}, expected 18 or 21")
-
-
-def parse_expiration(frame: Frame) -> tuple[int, int, int]:
-    _need_extras(frame, 20, "DCP_EXPIRATION")
-    return EXPIRATION_EXTRAS.unpack(frame.extras)
-
-
-def parse_snapshot_marker(frame: Frame) -> tuple[int, int, int, int | None, int | None]:
-    """(start, end, flags, max_visible_seqno, high_completed_seqno); V2 fields None for V1."""
-    n = len(frame.extras)
-    if n == 20:
-        s, e, f = MARKER_V1.unpack(frame.extras)
-        return s, e, f, None, None
-    if n == 1:
-        ver = frame.extras[0]
-        if ver == 0 and len(frame.value) == 36:
-            s, e, f, mvs, hcs = MARKER_V2_0.unpack(frame.value)
-            return s, e, f, mvs, hcs
-        if ver == 2 and len(frame.value) == 52:
-            s, e, f, mvs, hcs = MARKER_V2_0.unpack_from(frame.value, 0)
-            return s, e, f, mvs, hcs
-        raise RemoteProtocolError(
-            f"DCP_SNAPSHOT_MARKER: version {ver} with a {len(frame.value)}-byte value"
-        )
-    raise RemoteProtocolError(f"DCP_SNAPSHOT_MARKER: extras length {n}, expected 20 or 1")
-
-
-def parse_buffer_ack(frame: Frame) -> int:
-    _need_extras(frame, 4, "DCP_BUFFER_ACK")
-    return U32.unpack(frame.extras)[0]
-
-
-def parse_stream_end(frame: Frame) -> int:
-    _need_extras(frame, 4, "DCP_STREAM_END")
-    return U32.unpack(frame.extras)[0]
-
-
-def parse_seqno_advanced(frame: Frame) -> int:
-    _need_extras(frame, 8, "DCP_SEQNO_ADVANCED")
-    return U64.unpack(frame.extras)[0]
 
 
 # --------------------------------------------------------------------------- DCP control
@@ -365,7 +211,7 @@ def dcp_open(name: str | bytes, flags: int, opaque: int = 0, value: bytes = b"")
 
 def parse_open(frame: Frame) -> tuple[bytes, int]:
     """(connection name, flags) of a DCP_OPEN request."""
-    _need_extras(frame, 8, "DCP_OPEN")
+    need_extras(frame, 8, "DCP_OPEN")
     if not frame.key or len(frame.key) > 200:
         raise RemoteProtocolError("DCP_OPEN: connection name must be 1..200 bytes")
     _seqno, flags = OPEN_EXTRAS.unpack(frame.extras)
@@ -412,7 +258,7 @@ def stream_request(
 
 
 def parse_stream_request(frame: Frame) -> StreamRequest:
-    _need_extras(frame, 48, "DCP_STREAM_REQ")
+    need_extras(frame, 48, "DCP_STREAM_REQ")
     if frame.key:
         raise RemoteProtocolError("DCP_STREAM_REQ must not have a key")
     flags, _res, start, end, uuid, ss, se = STREAM_REQ_EXTRAS.unpack(frame.extras)
@@ -465,7 +311,7 @@ def store_extras(flags: int = 0, expiry: int = 0) -> bytes:
 
 
 def parse_store_extras(frame: Frame) -> tuple[int, int]:
-    _need_extras(frame, 8, f"opcode 0x{frame.opcode:02x}")
+    need_extras(frame, 8, f"opcode 0x{frame.opcode:02x}")
     return STORE_EXTRAS.unpack(frame.extras)
 
 

@@ -48,6 +48,11 @@ class ProtocolError(Exception):
 class LocalProtocolError(ProtocolError):
     """We were asked to produce a frame the protocol does not allow."""
 
+    @classmethod
+    def out_of_range(cls, what: str, exc: Exception) -> LocalProtocolError:
+        """``struct.error``/``ValueError`` of a builder given a field that does not fit."""
+        return cls(f"{what}: field out of range ({exc})")
+
 
 class RemoteProtocolError(ProtocolError):
     """The peer sent bytes that break the protocol (bad magic, lengths, extras...)."""

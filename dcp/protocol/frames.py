@@ -28,6 +28,7 @@ __all__ = [
     "FrameReader",
     "encode_frame",
     "encode_frame_infos",
+    "need_extras",
     "parse_frame_infos",
 ]
 
@@ -132,6 +133,14 @@ class Frame:
             f"fe={bytes(self.framing_extras)!r}, extras={bytes(self.extras)!r}, "
             f"key={bytes(self.key)[:40]!r}, value={bytes(self.value)[:40]!r})"
         )
+
+
+def need_extras(frame: Frame, size: int | tuple[int, ...], what: str) -> None:
+    """Raise ``RemoteProtocolError`` unless ``frame``'s extras are ``size`` bytes long (or
+    one of the sizes): parsers check before they unpack, never trusting the peer."""
+    n = len(frame.extras)
+    if (n != size) if isinstance(size, int) else (n not in size):
+        raise RemoteProtocolError(f"{what}: extras length {n}, expected {size}")
 
 
 def encode_frame(

@@ -25,7 +25,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from construct import (
@@ -89,6 +88,7 @@ from .spec_layouts import (
     StreamRequestExtras,
     VbSeqno,
     VbSeqnoList,
+    built_size,
     fits,
     reject,
 )
@@ -167,12 +167,6 @@ def _extras_size(c) -> int:
     raise LayoutError(f"opcode 0x{c.opcode:02x}: extras {c.extras!r} fit no extras layout")
 
 
-def _built_size(subcon: Construct, obj: Any, c) -> int:
-    stream = io.BytesIO()
-    subcon._build(obj, stream, c, "(sizing)")
-    return len(stream.getvalue())
-
-
 def _key_range(c) -> tuple[int, int]:
     row = REQUESTS.get(c.opcode) if c.magic in (Magic.REQUEST, Magic.ALT_REQUEST) else None
     return row[1] if row else ANY_LENGTH
@@ -182,7 +176,7 @@ Frame = Struct(
     "magic" / OneOf(U8, _MAGICS),
     "opcode" / U8,
     "framing_extras_length" / IfThenElse(
-        IS_ALT, Derived(U8, lambda c: _built_size(FrameInfos, c.framing_extras, c)), Computed(0)
+        IS_ALT, Derived(U8, lambda c: built_size(FrameInfos, c.framing_extras, c)), Computed(0)
     ),
     "key_length" / IfThenElse(IS_ALT, Rebuild(U8, len_(this.key)), Rebuild(U16, len_(this.key))),
     "extras_length" / Derived(U8, _extras_size),
@@ -190,7 +184,7 @@ Frame = Struct(
     "vbucket" / If(~IS_RESPONSE, Default(U16, 0)),
     "status" / If(IS_RESPONSE, Default(U16, 0)),
     "body_length" / Derived(U32, lambda c: c.framing_extras_length + c.extras_length
-                             + len(c.key) + _built_size(_VALUE, c.value, c)),
+                             + len(c.key) + built_size(_VALUE, c.value, c)),
     "opaque" / Default(U32, 0),
     "cas" / Default(U64, 0),
     Require(lambda c: c.framing_extras_length + c.extras_length + c.key_length <= c.body_length,
