@@ -205,8 +205,8 @@ class DcpConnection:
             controls.append(("connection_buffer_size", str(cfg.buffer_size)))
         controls += [("supports_cursor_dropping", "true"),
                      ("send_stream_end_on_client_close_stream", "true"),
-                     # this server's extension (protocol_spec §CONTROL): a disk snapshot
-                     # whose last item was purged still completes at once
+                     # this server's extension (protocol_spec/README.md, DCP_CONTROL): a
+                     # disk snapshot whose last item was purged still completes at once
                      ("send_seqno_advanced", "true")]
         if cfg.include_expirations:
             controls.append(("enable_expiry_opcode", "true"))

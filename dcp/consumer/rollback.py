@@ -1,9 +1,9 @@
 """Rollback: what the client does when the server says its history diverged.
 
 Rules of this module:
-- Pure decisions, no I/O (house rule 9). The client asks ``rolled_back_log`` for the
-  state to resume from and ``RollbackPolicy`` for whether to resume at all.
-- The reset follows the reference §5.5 (and java-dcp-client): drop every failover-log
+- Pure decisions, no I/O. The client asks ``rolled_back_log`` for the state to resume
+  from and ``RollbackPolicy`` for whether to resume at all.
+- The reset follows ``protocol_spec/README.md`` (section 8): drop every failover-log
   entry whose seqno is above the rollback seqno R, resume at last seqno = R with the
   zero-width snapshot [R, R], and re-request; a second rollback is possible and handled
   the same way.

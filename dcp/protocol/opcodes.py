@@ -2,10 +2,10 @@
 
 Rules of this module:
 - Numbers only. Every value here is fixed by Couchbase's protocol (see
-  ``protocol_spec/README.md`` and ``shared/dcp-protocol-reference.md`` §1-§4); nothing
-  in this file is our invention except where a comment says so.
-- No behaviour beyond small lookups. Layouts live in ``spec.py`` (construct, the
-  reference) and ``codec.py`` (struct, the hot path).
+  ``protocol_spec/README.md``, sections 1-7); nothing in this file is our invention
+  except where a comment says so.
+- No behaviour beyond small lookups. Layouts live in ``spec_layouts.py`` (construct, the
+  reference) and ``layout.py`` (struct, used by ``codec.py``/``item_codec.py``).
 """
 
 from __future__ import annotations

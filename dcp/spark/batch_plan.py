@@ -10,10 +10,11 @@ Rules of this module:
   when it answers, so later writes cannot be deduplicated into it). The planner remembers
   the boundaries it saw, and a row limit cuts at the largest remembered boundary within
   budget; at least one boundary is taken per batch so a stream always progresses.
-- The rollback rule is the server's (protocol_spec §8) for a zero-width snapshot
-  ``S = SS = SE``: find the uuid in the failover log (newest first); *upper* is the next
-  newer entry's seqno, or the high seqno; the position is on history iff ``S <= upper``,
-  else the rollback seqno is ``upper``; an unknown uuid rolls back to 0.
+- The rollback rule is the server's (``protocol_spec/README.md`` section 8) for a
+  zero-width snapshot ``S = SS = SE``: find the uuid in the failover log (newest
+  first); *upper* is the next newer entry's seqno, or the high seqno; the position is
+  on history iff ``S <= upper``, else the rollback seqno is ``upper``; an unknown uuid
+  rolls back to 0.
 """
 
 from __future__ import annotations
