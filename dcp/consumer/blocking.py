@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import trio
 
@@ -105,7 +105,7 @@ class _Facade:
     _runner: _TrioThread
     _entered: bool
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Self:
         if self._entered:
             raise UsageError(f"a {type(self).__name__} can only be entered once")
         self._entered = True

@@ -12,7 +12,6 @@ import functools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
@@ -54,9 +53,10 @@ class ClientSettings:
 
 
 def settings(
-    *, host: str, port: int, vbuckets: Iterable[int] | None, start: Any,
-    offsets: Mapping[int, Offset] | None, offset_store: Any, name: str | None, raw: bool,
-    rollback_policy: Any, buffer_size: int, ack_ratio: float, noop_interval: float | None,
+    *, host: str, port: int, vbuckets: Iterable[int] | None, start: StartFrom | str,
+    offsets: Mapping[int, Offset] | None, offset_store: OffsetStore | None, name: str | None,
+    raw: bool, rollback_policy: RollbackPolicy | str, buffer_size: int, ack_ratio: float,
+    noop_interval: float | None,
     connect_timeout: float, retry_timeout: float, include_delete_times: bool,
     include_expirations: bool, stream_flags: int, receive_size: int, max_queue_bytes: int,
     max_body_size: int, connector: Connector | None,

@@ -16,9 +16,10 @@ Rules of this module:
 from __future__ import annotations
 
 import enum
-from typing import Any
 
-from .batches import SnapshotBatch
+from dcp.protocol.flow_control import FlowControl
+
+from .batches import CommitFn, Event, SnapshotBatch
 
 __all__ = ["StreamBuffer", "StreamState"]
 
@@ -57,7 +58,7 @@ class StreamBuffer:
         self.start = 0
         self.end = 0
         self.flags = 0
-        self.items: list = []
+        self.items: list[Event] = []
         self.purge_seqno = 0
 
     def begin(self, start: int, end: int, flags: int, purge_seqno: int | None) -> None:
@@ -68,7 +69,7 @@ class StreamBuffer:
         if purge_seqno is not None:
             self.purge_seqno = purge_seqno
 
-    def complete(self, nbytes: int, fc: Any, commit_fn: Any) -> SnapshotBatch:
+    def complete(self, nbytes: int, fc: FlowControl, commit_fn: CommitFn) -> SnapshotBatch:
         """The snapshot is whole (its ``nbytes`` are queued in ``fc``): build its batch."""
         batch = SnapshotBatch(
             self.vbucket, self.start, self.end, self.flags, self.items, nbytes, self.log,

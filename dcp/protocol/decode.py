@@ -22,7 +22,7 @@ Rules of this module:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import RemoteProtocolError
 from .events import Items, Marker
@@ -43,6 +43,9 @@ from .layout import (
 from .opcodes import Opcode
 from .session_stream import STREAMING
 
+if TYPE_CHECKING:  # the session calls this module
+    from .session import ClientSession
+
 __all__ = ["decode"]
 
 _HDR = HEADER.unpack_from
@@ -56,7 +59,7 @@ _NOOP = int(Opcode.DCP_NOOP)
 assert HEADER_SIZE == 24 and MUTATION_FRAME_OVERHEAD == 55  # spelled as literals below
 
 
-def decode(session: Any, buf: bytes, out: list) -> tuple[int, int, int, int]:
+def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int, int, int]:
     """Decode the complete frames of ``buf``, appending events to ``out``.
 
     Returns:

@@ -333,7 +333,8 @@ class ClientSession:
             del self._answers[o]
         out.append(Answer(o, f))
 
-    def _stream_answer(self, st: SessionStream, f: Frame) -> Any:
+    def _stream_answer(self, st: SessionStream, f: Frame
+                       ) -> StreamOpened | StreamRollback | StreamRefused:
         status = f.status
         if status == Status.SUCCESS:
             st.state = STREAMING
