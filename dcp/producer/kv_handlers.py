@@ -20,6 +20,8 @@ Rules of this module:
   ``Frame`` or a ``MutationResult``, appending the responses to the reader's per-chunk
   output. It stops before anything it does not handle (an error, a misrouted key, an
   unusual frame), which the reader then sends through ``store`` the ordinary way.
+- Wire layouts, sizes and the key-to-vbucket hash are ``dcp.protocol.layout``'s; this
+  module spells none of its own (hot loops bind them to locals).
 """
 
 from __future__ import annotations
