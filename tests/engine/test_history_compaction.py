@@ -138,14 +138,3 @@ def test_purging_a_tombstone_under_history_takes_its_old_versions_too(open_bucke
     b2 = open_bucket(history_seconds=1e6, tombstone_purge_age=10.0)
     with pytest.raises(KeyNotFound):
         b2.get(0, b"a")  # not resurrected
-
-
-def test_compaction_steps_under_the_servers_names(open_bucket, clock) -> None:
-    b = open_bucket(tombstone_purge_age=1.0)
-    b.set(1, b"a", b"1")
-    b.delete(1, b"a")
-    b.flusher.flush_all()
-    clock.advance(5)
-    s = b.storage
-    job = s.prepare_compaction(b, clock())
-    assert s.complete_compaction(b, job, s.run_compaction(job)) == 1

@@ -20,7 +20,7 @@ Rules of this module:
 - Every record is checked against its checksum before anything of it is used (one C
   CRC-32C call over the bytes LMDB returned). A damaged record raises ``ChecksumError``
   and ends the scan: nothing of that chunk is returned, so a damaged value never
-  reaches a consumer (the server ends the stream with BACKFILL_FAIL, tasks.py).
+  reaches a consumer (the server ends the stream with BACKFILL_FAIL, dcp/producer/backfills.py).
 """
 
 from __future__ import annotations

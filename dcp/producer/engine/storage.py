@@ -318,19 +318,6 @@ class LmdbStorage:
                 out.append(vc)
         return CompactionResult(out)
 
-    # Transitional: the server's compaction task still calls these (bucket: Any, so that
-    # storage does not depend on the bucket); it should call ``bucket.compactor.plan``,
-    # ``compact`` and ``bucket.compactor.complete`` itself, then these go.
-    def prepare_compaction(self, bucket: Any, now: float) -> CompactionPlan:
-        return bucket.compactor.plan(now)
-
-    def run_compaction(self, plan: CompactionPlan) -> CompactionResult:
-        return self.compact(plan)
-
-    def complete_compaction(self, bucket: Any, plan: CompactionPlan,
-                            result: CompactionResult) -> int:
-        return bucket.compactor.complete(result)
-
     @property
     def map_size(self) -> int:
         return self.env.info()["map_size"]
