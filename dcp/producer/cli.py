@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     _setup_logging(cfg.log_level)
     faulthandler.enable()
-    # Many long-lived queued items: fewer, larger GC passes (research/perf-baseline.md §7).
+    # Many long-lived queued items: fewer, larger GC passes (the default thresholds made
+    # the collector walk every queued item over and over under ingest).
     gc.set_threshold(100_000, 50, 100)
     sys.setswitchinterval(cfg.gil_switch_interval)
     data = Path(cfg.data_dir)
