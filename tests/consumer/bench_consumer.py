@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 
-ITEM_VALUE = b"v" * 79  # 150-byte messages with 16-byte keys, as in perf-baseline.md
+ITEM_VALUE = b"v" * 79  # 150-byte messages with 16-byte keys, as tools.bench uses
 
 
 def _producer(port_q, items: int, vbuckets: int, snap: int) -> None:

@@ -131,7 +131,7 @@ class VbHistory:
         self.log = [(new_uuid, at)] + [(u, s) for u, s in self.log if s <= at]
 
     def needs_rollback(self, start: int, uuid: int, ss: int, se: int) -> int | None:
-        """Reference §5.4 rollback decision (no purge rule)."""
+        """The rollback decision of protocol_spec/README.md §8 (no purge rule)."""
         if start == 0:
             return None
         oldest_first = list(reversed(self.log))

@@ -20,7 +20,8 @@ from .wire import items_of, keys_for_vb
 
 pytestmark = pytest.mark.tshark
 
-# Dissector quirks that are not defects of our frames (research/peers-baseline.md §1.3):
+# Dissector quirks that are not defects of our frames (protocol_spec/README.md,
+# "Checking with Wireshark"):
 # error responses without a value, and the failover-log "trailing stray characters".
 ALLOWED = ("Stream Request: Rollback", "No DCP Stream", "must have Value",
            "Trailing stray characters")

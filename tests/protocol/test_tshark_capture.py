@@ -2,9 +2,9 @@
 
 A client socket sends requests built by ``codec``; a plain-socket fake server answers and
 streams DCP messages, all built by ``codec``. tshark captures the exchange; then we require
-what ``shared/tools/judge.sh`` requires (no malformed frame, no couchbase expert warning
+what a clean capture needs (no malformed frame, no couchbase expert warning
 beyond the known dissector quirks, no undissected payload) and that tshark reads back the
-field values we meant (peers-baseline §1.2-§1.3).
+field values we meant (protocol_spec/README.md, "Checking with Wireshark").
 
 Known dissector quirks we allow, each only on the frames where it is expected:
 - every non-success status is reported as an expert warning "<Command>: <Status>";

@@ -4,7 +4,7 @@ Usage:
     python -m tools.bench.micro.codec              # default n, about 10-20 s on a 2-core box
     python -m tools.bench.micro.codec --n 1000     # smoke run, about 1 s
 
-Frames are shaped like peers-baseline §4: 24-byte header, 31-byte extras, 16-byte key,
+Frames are shaped like a typical small document: 24-byte header, 31-byte extras, 16-byte key,
 83-byte value (154 bytes). "fast" encodes with ``codec.mutation`` and decodes a 64 KiB-chunked
 stream with ``FrameReader`` + ``codec.parse_mutation``; "construct" builds and parses one
 frame at a time with ``spec.Frame`` (plain) and ``spec.Frame.compile()``. A benchmark, not a
