@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = ["dcp.protocol", "dcp.producer.server", "dcp.producer.cli", "dcp.consumer",
            "dcp.ctl.cli", "dcp.spark"]
-DEV_ONLY = ["construct", "hypothesis", "tools", "dcp.protocol.spec"]
+DEV_ONLY = ["construct", "hypothesis", "tools", "dcp.protocol.spec", "dcp.protocol.spec_layouts"]
 
 
 def test_the_runtime_never_imports_dev_only_modules() -> None:

@@ -124,8 +124,7 @@ async def test_batched_sets_reach_streams_and_disk(server, client) -> None:
 
 
 async def test_sdk_set_many_results_equal_plainly_built_ones(server) -> None:
-    from dcp.consumer import KvClient
-    from dcp.consumer.structs import MutationResult
+    from dcp.consumer import KvClient, MutationResult
 
     async with KvClient("127.0.0.1", server.port, num_vbuckets=4) as kv:
         pairs = [(b"sdk-%d" % i, b"v%d" % i) for i in range(300)]

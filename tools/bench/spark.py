@@ -172,10 +172,10 @@ def load(port: int, rows: int, value_size: int, vbuckets: int) -> float:
 
 def connector_alone(port: int) -> tuple[int, float]:
     from dcp.spark.arrow import to_record_batch
+    from dcp.spark.batch_plan import VbRange
+    from dcp.spark.driver import Planner
     from dcp.spark.executor import read_ranges
     from dcp.spark.options import parse_options
-    from dcp.spark.planner import Planner
-    from dcp.spark.planning import VbRange
 
     cfg = parse_options({"port": str(port)}, streaming=False)
     planner = Planner(cfg)
