@@ -9,8 +9,9 @@ Rules of this module:
     frame a byte at a time cannot hold a connection and its buffer indefinitely;
   - it has no stream and nothing was read from it for ``kv_idle_timeout``;
   - it is a DCP connection with noops enabled and nothing was read for ``idle_timeout``.
-- It sends a DCP noop every ``noop_interval`` once noops are enabled and a stream exists,
-  and only when the previous one was answered.
+- It sends a DCP noop when the connection's ``ServerSession`` says one is due
+  (``noop_due``: every ``noop_interval`` once noops are enabled and a stream exists, and
+  only when the previous one was answered); the noop state is the session's.
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ import logging
 from typing import TYPE_CHECKING
 
 import trio
-
-from ..protocol import codec
-from ..protocol.opcodes import Opcode
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -34,8 +32,9 @@ log = logging.getLogger("dcp.conn")
 async def run_timers(conn: Connection) -> None:
     cfg = conn.server.config
     metrics = conn.server.metrics
+    session = conn.session
     while True:
-        await trio.sleep(min(conn.noop_interval / 2, 0.5) if conn.noop_enabled else 0.5)
+        await trio.sleep(min(session.noop_interval / 2, 0.5) if session.noop_enabled else 0.5)
         now = trio.current_time()
         since = conn.partial_since
         if since is not None and now - since > cfg.partial_frame_timeout:
@@ -50,17 +49,13 @@ async def run_timers(conn: Connection) -> None:
             metrics.idle_closed += 1
             conn.close("idle timeout (kv_idle_timeout)")
             return
-        if not conn.noop_enabled or conn.dcp_name is None:
+        if not session.noop_enabled or conn.dcp_name is None:
             continue
         if now - conn.last_read > cfg.idle_timeout:
             log.warning("idle DCP client id=%d name=%s: nothing read for %.0f s; closing",
                         conn.id, conn.dcp_name, now - conn.last_read)
             conn.close("idle timeout")
             return
-        if (conn.streams or conn.noops_sent) and not conn.noop_pending:
-            if now - conn.noop_sent_at >= conn.noop_interval:
-                conn.noop_pending = True
-                conn.noop_opaque = (conn.noop_opaque + 1) & 0xFFFFFFFF
-                conn.noops_sent += 1
-                conn.noop_sent_at = now
-                conn.respond(codec.request(Opcode.DCP_NOOP, opaque=conn.noop_opaque))
+        noop = session.noop_due(now, bool(conn.streams))
+        if noop:
+            conn.respond(noop)

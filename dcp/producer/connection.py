@@ -7,6 +7,9 @@ Rules of this module:
   writes. Per wake-up it packs queued responses (in request order) and then stream
   frames (round robin over ready streams, within the flow-control window) into one
   buffer and makes one ``send_all``; an answer bigger than a batch is sent as it is.
+- What the wire requires of one connection (framing of requests, noop state, flow
+  control with its window and acks) is its ``session`` (``dcp.protocol.server_session``,
+  sans I/O); this module and its three tasks are the I/O shell around it.
 - Memory is bounded the way memcached bounds it: a connection whose unsent output
   (queued answers + the buffer being sent, ``unsent_bytes``) is over
   ``connection_output_cap`` has its input processing stopped, frame by frame, until the
@@ -37,10 +40,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..protocol import codec
-from ..protocol.frames import FrameReader
 from ..protocol.opcodes import HelloFeature, Status, StreamEndStatus
+from ..protocol.server_session import ServerSession
 from .active_stream import ActiveStream, StreamOptions
-from .buffer_log import BufferLog
 from .conn_timers import run_timers
 from .request_reader import read_requests
 
@@ -91,7 +93,10 @@ class Connection:
         except OSError:
             self.peer = "?"
         cfg = server.config
-        self.reader = FrameReader(max_body_size=cfg.max_item_size + 4096)
+        self.opened_at = trio.current_time()
+        #: the wire state: request framing, noops, flow control (dcp.protocol)
+        self.session = ServerSession(max_body_size=cfg.max_item_size + 4096,
+                                     noop_interval=cfg.noop_interval, started=self.opened_at)
         # HELLO
         self.agent = ""
         self.features: set[int] = set()
@@ -99,15 +104,9 @@ class Connection:
         self.dcp_name: str | None = None
         self.dcp_flags = 0
         self.options = StreamOptions()
-        self.noop_enabled = False
-        self.noop_interval = cfg.noop_interval
-        self.noop_pending = False
-        self.noop_opaque = 0
-        self.noops_sent = 0
         self.cursor_dropping = True
         self.stream_end_on_close = False
         self.change_streams = False
-        self.buffer_log = BufferLog()
         self.streams: dict[int, ActiveStream] = {}
         self.ready: dict[ActiveStream, None] = {}
         # Output
@@ -123,13 +122,10 @@ class Connection:
         self._space = trio.Event()
         self.closed = False
         self.close_reason = ""
-        self.last_read = trio.current_time()
-        self.opened_at = trio.current_time()
+        self.last_read = self.opened_at
         self.bytes_in = 0
         self.bytes_out = 0
-        self.frames_in = 0
         self._cancel = trio.CancelScope()
-        self.noop_sent_at = self.opened_at
 
     # ------------------------------------------------------------------ queueing
 
@@ -221,6 +217,11 @@ class Connection:
                 await trio.sleep(0.01)
 
     # ------------------------------------------------------------------ output cap
+
+    @property
+    def frames_in(self) -> int:
+        """Frames received and handled (the session counts them, fast path included)."""
+        return self.session.frames_in
 
     @property
     def unsent_bytes(self) -> int:
@@ -321,7 +322,7 @@ class Connection:
 
     async def _writer(self) -> None:
         limit = self.server.config.send_batch_bytes
-        bl = self.buffer_log
+        bl = self.session.flow
         q = self._responses
         while True:
             with trio.move_on_at(self._blocked_until):
@@ -368,7 +369,8 @@ class Connection:
         self._wake.set()
 
     def statistics(self) -> dict[str, Any]:
-        bl = self.buffer_log.statistics()
+        session = self.session
+        bl = session.flow.statistics()
         return {
             "id": self.id,
             "peer": self.peer,
@@ -380,9 +382,9 @@ class Connection:
             "window": bl.window,
             "unacked_bytes": bl.outstanding,
             "acked_bytes": bl.acked_total,
-            "noop_enabled": self.noop_enabled,
-            "noop_interval": self.noop_interval,
-            "noop_pending": self.noop_pending,
+            "noop_enabled": session.noop_enabled,
+            "noop_interval": session.noop_interval,
+            "noop_pending": session.noop_pending,
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "queued_response_bytes": self._response_bytes,

@@ -1,8 +1,11 @@
 """DCP requests from a client: OPEN, CONTROL, STREAM_REQ, CLOSE_STREAM, GET_FAILOVER_LOG,
-BUFFER_ACK, and the client's responses (NOOP replies).
+BUFFER_ACK, and the client's refusals of what the server sent.
 
 Rules of this module:
 - Every DCP request except DCP_OPEN needs an open producer connection first (EINVAL).
+- Noop and flow-control state is the connection's ``ServerSession``
+  (``dcp.protocol.server_session``): the control keys it owns and buffer acks are
+  applied there; noop answers never reach this module (the session matches them).
 - The stream-request decision is the engine's pure ``decide_stream_request``; this
   module only turns it into a response and an ``ActiveStream``. The stream's cursor is
   registered before the OK response is queued (so memory it needs is pinned), but it
@@ -18,8 +21,10 @@ from typing import TYPE_CHECKING
 
 from ..protocol import codec
 from ..protocol.errors import RemoteProtocolError
+from ..protocol.events import Rejected
 from ..protocol.frames import Frame
 from ..protocol.opcodes import DcpOpenFlag, Opcode, Status, StreamEndStatus
+from ..protocol.server_session import SESSION_CONTROLS
 from .active_stream import ActiveStream, StreamOptions
 from .engine import DecisionKind, decide_stream_request
 
@@ -79,23 +84,12 @@ def control(conn: Connection, f: Frame) -> None:
     def bad(why: str, status: int = Status.EINVAL) -> None:
         conn.error(f.opcode, status, f.opaque, f"{key}={raw!r}: {why}")
 
-    if key == "enable_noop":
-        if val not in _TRUE:
-            return bad("expected true or false")
-        conn.noop_enabled = _TRUE[val]
-    elif key == "set_noop_interval":
-        try:
-            secs = float(raw)
-        except ValueError:
-            return bad("expected seconds")
-        if not 0.1 <= secs <= 10800:
-            return bad("interval must be 0.1..10800 seconds")
-        conn.noop_interval = secs
-    elif key == "connection_buffer_size":
-        if not raw.isdigit() or int(raw) > 0xFFFFFFFF:
-            return bad("expected a byte count (uint32)")
-        conn.buffer_log.set_window(int(raw))
-        conn.wake()
+    if key in SESSION_CONTROLS:  # noops and the flow-control window
+        why = conn.session.control(key, raw)
+        if why:
+            return bad(why)
+        if key == "connection_buffer_size":
+            conn.wake()  # a new window may let the writer send
     elif key in ("supports_cursor_dropping", "supports_cursor_dropping_vulcan"):
         if val not in _TRUE:
             return bad("expected true or false")
@@ -231,19 +225,16 @@ def get_failover_log(conn: Connection, f: Frame) -> None:
 def buffer_ack(conn: Connection, f: Frame) -> None:
     if not _require_open(conn, f):
         return
-    conn.buffer_log.ack(codec.parse_buffer_ack(f))
+    conn.session.buffer_ack(f)
     conn.wake()
 
 
-def handle_response(conn: Connection, f: Frame) -> None:
-    """A client's response to something we sent (noops; data messages only on error)."""
-    if f.opcode == Opcode.DCP_NOOP:
-        conn.noop_pending = False
-        return
-    if f.status != Status.SUCCESS and Opcode.DCP_STREAM_END <= f.opcode <= Opcode.DCP_EXPIRATION:
-        log.warning("client id=%d name=%s answered opcode 0x%02x with status 0x%02x; closing",
-                    conn.id, conn.dcp_name, f.opcode, f.status)
-        conn.close(f"client rejected opcode 0x{f.opcode:02x}")
+def handle_response(conn: Connection, r: Rejected) -> None:
+    """The client refused a DCP message we sent (the session reports it): kv_engine
+    closes such a connection, and so do we."""
+    log.warning("client id=%d name=%s answered opcode 0x%02x with status 0x%02x; closing",
+                conn.id, conn.dcp_name, r.opcode, r.status)
+    conn.close(f"client rejected opcode 0x{r.opcode:02x}")
 
 
 DCP_HANDLERS: dict[int, Callable[[Connection, Frame], None]] = {

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..protocol.events import Rejected
 from ..protocol.frames import Frame
 from ..protocol.opcodes import Status
 from .dcp_handlers import DCP_HANDLERS, handle_response
@@ -20,10 +21,12 @@ from .kv_handlers import KV_HANDLERS, set_run
 if TYPE_CHECKING:
     from .connection import Connection
 
-__all__ = ["HANDLERS", "Handler", "HandlerTable", "SetRun", "unknown_command"]
+__all__ = ["HANDLERS", "Handler", "HandlerTable", "RefusalHandler", "SetRun", "unknown_command"]
 
-#: A request (or response) handler: synchronous, queues its own answer.
+#: A request handler: synchronous, queues its own answer.
 Handler = Callable[["Connection", Frame], None]
+#: What to do when the client refuses a DCP message (the session reports it).
+RefusalHandler = Callable[["Connection", Rejected], None]
 #: The pipelined-SET fast path: (conn, buffer, position, end, max body, answers) ->
 #: (position after the SETs applied, SETs applied); see ``kv_handlers.set_run``.
 SetRun = Callable[["Connection", bytes, int, int, int, bytearray], tuple[int, int]]
@@ -41,8 +44,9 @@ class HandlerTable:
     requests: Mapping[int, Handler]
     #: a request whose opcode is not in ``requests``
     unknown: Handler
-    #: a client's response to something the server sent (noop replies...)
-    response: Handler
+    #: a client's error answer to a DCP message the server sent (noop answers and other
+    #: answers are the connection's ``ServerSession``'s business)
+    response: RefusalHandler
     #: runs of plain SETs, straight from the received bytes
     set_run: SetRun
 

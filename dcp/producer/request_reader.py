@@ -1,17 +1,22 @@
 """A connection's reader task: bytes in, requests handled, answers queued.
 
 Rules of this module:
-- Every complete frame of the buffer is handled synchronously by the connection's
-  handler table (``conn.handlers``, dispatch.py; this module imports no handler); the
-  reader never writes to the socket. Framing is done inline (the same validation as
-  ``dcp.protocol.FrameReader``, with ``dcp.protocol.layout``'s header: a header is
-  checked before its body is awaited) so that runs of plain SETs, the bulk of pipelined
-  ingest, go to the table's ``set_run`` without a ``Frame``; the fast path's answers are
-  queued as one response per run, in request order.
-- Output is bounded per frame, not per read: before each frame (and each SET run) the
-  reader checks the connection's unsent output (queued answers, the fast path's
+- The I/O shell of the connection's ``ServerSession`` (``dcp.protocol.server_session``):
+  received bytes are fed to it, and it frames them (``FrameReader``'s validation: a
+  header is checked before its body is awaited), matches the client's noop answers and
+  reports its refusals of DCP messages (the table's ``response``). Every request it
+  hands out is handled synchronously by the connection's handler table
+  (``conn.handlers``, dispatch.py; this module imports no handler); the reader never
+  writes to the socket.
+- Pipelined ingest keeps its per-item cost: when the session says a SET is next
+  (``set_run``), the table's ``set_run`` applies the run of plain SETs straight from the
+  received bytes, without a ``Frame``, and the session is told how far it got
+  (``consumed``); the fast path's answers are queued as one response per run, in
+  request order.
+- Output is bounded per frame, not per read: before each complete frame (and each SET
+  run) the reader checks the connection's unsent output (queued answers, the fast path's
   answers not yet queued, and the buffer being sent) against ``connection_output_cap``.
-  Over it, the reader stops with the rest of the buffer kept, tells the server (which
+  Over it, the reader stops with the rest kept in the session, tells the server (which
   enforces ``total_output_cap``), waits until the writer has drained below the cap and
   resumes with the buffered frames before reading again. One request can thus overshoot
   the cap by at most its own answer.
@@ -33,9 +38,9 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..protocol.errors import RemoteProtocolError
-from ..protocol.frames import Frame
-from ..protocol.layout import ALT_MAGIC, HEADER, HEADER_SIZE, KNOWN_MAGIC
-from ..protocol.opcodes import Magic, Status
+from ..protocol.events import Rejected
+from ..protocol.layout import HEADER_SIZE
+from ..protocol.opcodes import Status
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -44,8 +49,6 @@ __all__ = ["read_requests"]
 
 log = logging.getLogger("dcp.conn")
 _RECEIVE_SIZE = 256 * 1024
-_HDR = HEADER.unpack_from
-_RESPONSES = frozenset((int(Magic.RESPONSE), int(Magic.ALT_RESPONSE)))
 
 
 async def read_requests(conn: Connection) -> None:
@@ -53,21 +56,20 @@ async def read_requests(conn: Connection) -> None:
     table = conn.handlers
     handlers = table.requests
     unknown_command = table.unknown
-    handle_response = table.response
+    refused = table.response
     set_run = table.set_run
     server = conn.server
     registry = server.stream_registry
     refusal_of = server.persistence.write_refusal
     cap = server.config.connection_output_cap
-    max_body = conn.reader.max_body_size
-    hsize = HEADER_SIZE
-    pending = b""  # bytes not yet handled: an incomplete frame, or frames held at the cap
-    need = hsize
-    resume = False  # ``pending`` holds whole frames held back at the cap: no read first
+    session = conn.session
+    max_body = session.max_body_size
+    next_event = session.next_event
+    run_at = session.set_run
+    resume = False  # the session holds whole frames held back at the cap: no read first
     while True:
         if resume:
             resume = False
-            buf = pending
         else:
             try:
                 data = await conn.stream.receive_some(_RECEIVE_SIZE)
@@ -79,71 +81,44 @@ async def read_requests(conn: Connection) -> None:
                 return
             conn.last_read = trio.current_time()
             conn.bytes_in += len(data)
-            buf = pending + data if pending else bytes(data)
-            if len(buf) < need:  # still the same incomplete frame
-                pending = buf
+            session.feed(data)
+            if session.wants_data():  # still the same incomplete frame
                 if conn.partial_since is None:
                     conn.partial_since = conn.last_read
                 continue
-        n = len(buf)
-        need = hsize
-        pos = 0
-        count = 0
+        before = session.frames_in
         out = bytearray()  # answers of fast-path SETs, in order
         refusal: str | None = None
         held = False  # stopped at the output cap
         try:
-            while n - pos >= hsize:
+            while True:
                 if conn.unsent_bytes + len(out) > cap:
-                    held = True
+                    held = session.buffered >= HEADER_SIZE  # a header at least is here
                     break
-                if buf[pos + 1] == 0x01 and buf[pos] == 0x80:  # a SET: maybe a run
+                run = run_at()  # a SET next: maybe a run for the fast path
+                if run is not None:
                     if refusal is None:
                         refusal = refusal_of()
                     if not refusal:
+                        buf, pos, n = run
                         pos_after, done = set_run(conn, buf, pos, n, max_body, out)
                         if done:
-                            count += done
-                            pos = pos_after
+                            session.consumed(pos_after, done)
                             continue
-                magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
-                if magic in ALT_MAGIC:
-                    fel = kl >> 8
-                    kl &= 0xFF
-                elif magic in KNOWN_MAGIC:
-                    fel = 0
-                else:
-                    raise RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
-                if body > max_body:
-                    raise RemoteProtocolError(f"body of {body} bytes exceeds the limit of "
-                                              f"{max_body} (opcode 0x{op:02x})")
-                if fel + el + kl > body:
-                    raise RemoteProtocolError(
-                        f"framing extras {fel} + extras {el} + key {kl} exceed body length "
-                        f"{body} (opcode 0x{op:02x})")
-                end = pos + hsize + body
-                if end > n:
-                    need = hsize + body
+                ev = next_event()
+                if ev is None:
                     break
-                count += 1
                 if out:  # answers stay in request order
                     conn.respond(bytes(out))
                     out = bytearray()
-                a = pos + hsize
-                b = a + fel
-                c = b + el
-                d = c + kl
-                frame = Frame(magic, op, dt, vb, opq, cas, buf[a:b] if fel else b"",
-                              buf[b:c], buf[c:d], buf[d:end])
-                pos = end
-                if magic in _RESPONSES:
-                    handle_response(conn, frame)
+                if isinstance(ev, Rejected):
+                    refused(conn, ev)
                     continue
-                handler = handlers.get(op, unknown_command)
+                handler = handlers.get(ev.opcode, unknown_command)
                 try:
-                    handler(conn, frame)
+                    handler(conn, ev)
                 except RemoteProtocolError as exc:
-                    conn.error(op, Status.EINVAL, opq, str(exc))
+                    conn.error(ev.opcode, Status.EINVAL, ev.opaque, str(exc))
                 if conn.closed:
                     return
                 if conn.continuation is not None:
@@ -158,11 +133,9 @@ async def read_requests(conn: Connection) -> None:
             await conn.drain(1.0)
             conn.close_reason = f"protocol error: {exc}"
             return
-        finally:
-            conn.frames_in += count
         if out:
             conn.respond(bytes(out))
-        pending = buf[pos:] if pos < n else b""
+        pending = session.buffered
         registry.wake_dirty()
         if held:
             conn.partial_since = None  # waiting on our own output, not on the peer
@@ -172,8 +145,8 @@ async def read_requests(conn: Connection) -> None:
                 await conn.wait_for_output_space()
             resume = bool(pending)
             continue
-        # ``pending`` is an incomplete frame (or nothing): time it from its first byte
+        # what is left is an incomplete frame (or nothing): time it from its first byte
         if not pending:
             conn.partial_since = None
-        elif pos or conn.partial_since is None:
+        elif session.frames_in != before or conn.partial_since is None:
             conn.partial_since = trio.current_time()
