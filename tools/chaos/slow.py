@@ -32,14 +32,7 @@ import trio
 
 from dcp.consumer import DcpClient, KvClient, MemoryOffsetStore
 from dcp.protocol import ClientSession, RemoteProtocolError, codec
-from dcp.protocol.events import (
-    Items,
-    Marker,
-    Mutation,
-    StreamEnded,
-    StreamRefused,
-    StreamRollback,
-)
+from dcp.protocol import events as ev
 from dcp.protocol.opcodes import DcpOpenFlag
 
 from .procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqnos
@@ -144,21 +137,19 @@ class RawSlowConsumer:
             if not data:
                 self.error = "server closed the connection"
                 return
-            for ev in session.receive_data(data):
-                kind = type(ev)
-                if kind is Items:
-                    vb = ev.vbucket
-                    for item in ev.items:
-                        got.on_item(vb, item.seqno, item.key,
-                                    item.value if type(item) is Mutation else None)
-                elif kind is Marker:
-                    got.on_marker(ev.vbucket, ev.start, ev.end, ev.flags)
-                elif kind is StreamEnded:
-                    self.error = f"unexpected stream end vb {ev.vbucket}"
-                elif kind is StreamRefused:
-                    self.error = f"stream request vb {ev.vbucket}: 0x{ev.status:x}"
-                elif kind is StreamRollback:
-                    self.error = f"stream request vb {ev.vbucket}: rollback to {ev.seqno}"
+            for e in session.receive_data(data):
+                if isinstance(e, ev.Items):
+                    for item in e.items:
+                        got.on_item(e.vbucket, item.seqno, item.key,
+                                    item.value if type(item) is ev.Mutation else None)
+                elif isinstance(e, ev.Marker):
+                    got.on_marker(e.vbucket, e.start, e.end, e.flags)
+                elif isinstance(e, ev.StreamEnded):
+                    self.error = f"unexpected stream end vb {e.vbucket}"
+                elif isinstance(e, ev.StreamRefused):
+                    self.error = f"stream request vb {e.vbucket}: 0x{e.status:x}"
+                elif isinstance(e, ev.StreamRollback):
+                    self.error = f"stream request vb {e.vbucket}: rollback to {e.seqno}"
             self.unacked += session.counted
             out = session.data_to_send()  # noop replies
             if self.mode != "stall" or resumed:
