@@ -113,6 +113,8 @@ async def read_requests(conn: Connection) -> None:
                     out = bytearray()
                 if isinstance(ev, Rejected):
                     refused(conn, ev)
+                    if conn.closed:  # kv_engine closes on a refusal: no later request
+                        return
                     continue
                 handler = handlers.get(ev.opcode, unknown_command)
                 try:

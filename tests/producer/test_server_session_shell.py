@@ -54,6 +54,27 @@ async def test_a_client_refusing_a_mutation_is_disconnected(server, client) -> N
     assert client.eof
 
 
+async def test_no_request_after_a_refusal_is_applied(server, client) -> None:
+    """A refusal and a SET in the same write: the connection closes at the refusal, so
+    the SET behind it is never applied (not even by the SET fast path)."""
+    key, late = keys_for_vb(0, 2, 4)
+    await client.set(key, b"value")
+    await client.dcp_open("t-refuses-then-sets")
+    await client.stream_req(0)
+    with trio.fail_after(5):
+        while True:
+            f = await client.next_frame()
+            if f.opcode == Opcode.DCP_MUTATION and not f.is_response:
+                break
+    refusal = codec.response(Opcode.DCP_MUTATION, Status.ENOMEM, opaque=f.opaque)
+    set_req = codec.request(Opcode.SET, vbucket=0, opaque=77, key=late, value=b"late",
+                            extras=codec.store_extras(0, 0))
+    await client.send(refusal + set_req)
+    await client.wait_closed()
+    async with client_of(server) as other:
+        assert (await other.get(late)).status == Status.KEY_ENOENT
+
+
 async def test_the_window_and_the_noop_settings_show_in_stat_dcp(server, client) -> None:
     await client.dcp_open("t-stat")
     assert (await client.control("connection_buffer_size", "12345")).status == Status.SUCCESS
