@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench.micro import engine
+from tools.bench.micro import codec, engine, hotpath
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,6 +21,23 @@ def test_bench_engine_tiny_run_reports_every_phase(capsys: pytest.CaptureFixture
               "backfill_items_per_s"):
         assert res[k] > 0
     assert "backfill" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("what", ["fill", "set", "flush", "kvencode"])
+def test_every_hotpath_benchmark_runs_on_a_tiny_input(
+        what: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each subcommand runs its own imports and work: a stale import inside one (a module
+    that moved) fails here, where ``--help`` would not notice."""
+    hotpath.main([what, "--items", "300", "--vbuckets", "8", "--batch", "100",
+                  "--streams", "1,2"])
+    out = capsys.readouterr().out
+    assert out.startswith(what), out
+    assert "us/" in out
+
+
+def test_the_codec_benchmark_runs_on_a_tiny_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert codec.main(["--n", "50"]) == 0
+    assert "construct compiled" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("module", ["tools.bench.micro.codec", "tools.bench.micro.hotpath",

@@ -45,8 +45,8 @@ def fill(args: argparse.Namespace) -> None:
     import random
 
     from dcp.producer.active_stream import ActiveStream, StreamOptions
-    from dcp.producer.buffer_log import BufferLog
     from dcp.producer.engine import Bucket, EngineConfig
+    from dcp.protocol.buffer_log import BufferLog
     from dcp.protocol.codec import vbucket_for_key
 
     gc.set_threshold(100_000, 50, 100)
@@ -138,7 +138,7 @@ def set_path(args: argparse.Namespace) -> None:
         async def aclose(self) -> None:
             pass
 
-    async def main() -> None:
+    async def main(argv: list[str] | None = None) -> None:
         tmp = tempfile.mkdtemp(prefix="bench-hot-")
         cfg = ServerConfig(port=0, data_dir=tmp, num_vbuckets=nvb)
         try:
@@ -230,7 +230,7 @@ def kvencode(args: argparse.Namespace) -> None:
     print(f"kvencode: {args.items:,} sets -> {cpu / args.items * 1e6:.3f} us/item")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m tools.bench.micro.hotpath",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["fill", "set", "flush", "kvencode"])
@@ -240,7 +240,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=10_000, help="flush: items per batch")
     p.add_argument("--sync", action="store_true", help="flush: fsync at each commit")
     p.add_argument("--streams", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
-    args = p.parse_args()
+    args = p.parse_args(argv)
     {"fill": fill, "set": set_path, "flush": flush, "kvencode": kvencode}[args.what](args)
 
 
