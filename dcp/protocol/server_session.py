@@ -27,7 +27,11 @@ Rules of this module:
   any ``Frame`` is built; the shell applies as many SETs in place as it can, checking
   each header with at least the rules above, and reports them with ``consumed``.
 - The session counts every frame it or the fast path consumed (``frames_in``) and knows
-  what is buffered (``buffered``, ``wants_data``) so the shell can time partial frames.
+  what is buffered (``buffered``, ``wants_data``) so the shell can time partial frames
+  and count the input memory a connection holds.
+- Buffering costs linear time: an incomplete frame that arrives over many reads is kept
+  as those reads and joined once, when it is complete; a read that completes a frame is
+  appended to the (short) tail as before.
 - No I/O, no clock (callers pass ``now``), no trio.
 """
 
@@ -60,9 +64,9 @@ SESSION_CONTROLS = frozenset(("enable_noop", "set_noop_interval", "connection_bu
 class ServerSession:
     """See the module rules. ``started``: the clock reading the noop interval starts at."""
 
-    __slots__ = ("_broken", "_buf", "_need", "_pos", "flow", "frames_in", "max_body_size",
-                 "noop_enabled", "noop_interval", "noop_opaque", "noop_pending",
-                 "noop_sent_at", "noops_sent")
+    __slots__ = ("_broken", "_buf", "_chunked", "_chunks", "_need", "_pos", "flow",
+                 "frames_in", "max_body_size", "noop_enabled", "noop_interval", "noop_opaque",
+                 "noop_pending", "noop_sent_at", "noops_sent")
 
     def __init__(self, *, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
                  noop_interval: float = 20.0, started: float = 0.0) -> None:
@@ -78,18 +82,23 @@ class ServerSession:
         self._buf = b""
         self._pos = 0
         self._need = HEADER_SIZE  # bytes (from _pos) needed before framing can progress
+        # An incomplete frame arriving over many reads is kept as its reads (joined once,
+        # when complete), not re-copied per read: quadratic for a big frame that trickles.
+        self._chunks: list[bytes] = []
+        self._chunked = 0  # bytes in _chunks
         self._broken: str | None = None
 
     # ------------------------------------------------------------------ receiving
 
     @property
     def buffered(self) -> int:
-        """Bytes received and not consumed yet (an incomplete frame, or frames held)."""
-        return len(self._buf) - self._pos
+        """Bytes received and not consumed yet (an incomplete frame, or frames held): the
+        input memory this connection holds."""
+        return len(self._buf) - self._pos + self._chunked
 
     def wants_data(self) -> bool:
         """True when no complete frame can be buffered: ``next_event`` would say None."""
-        return len(self._buf) - self._pos < self._need
+        return len(self._buf) - self._pos + self._chunked < self._need
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer received bytes (``next_event`` frames them).
@@ -99,10 +108,23 @@ class ServerSession:
         """
         if self._broken is not None:
             raise RemoteProtocolError(f"session already broken: {self._broken}")
-        if self._pos < len(self._buf):
+        if self._chunks:  # collecting an incomplete frame
+            self._chunks.append(bytes(data))
+            self._chunked += len(data)
+            if self._chunked >= self._need:
+                self._buf = b"".join(self._chunks)
+                self._chunks = []
+                self._chunked = 0
+            return
+        tail = len(self._buf) - self._pos
+        if not tail:
+            self._buf = bytes(data)  # the common case: the last read ended on a frame
+        elif tail + len(data) >= self._need:
             self._buf = self._buf[self._pos:] + data
-        else:
-            self._buf = bytes(data)
+        else:  # still incomplete: start collecting its reads
+            self._chunks = [self._buf[self._pos:], bytes(data)]
+            self._chunked = tail + len(data)
+            self._buf = b""
         self._pos = 0
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from dcp.protocol import codec
@@ -25,6 +27,41 @@ def _set(key: bytes, opaque: int, value: bytes = b"v") -> bytes:
 
 
 # --------------------------------------------------------------------------- framing
+
+
+def test_a_big_frame_trickling_in_costs_linear_time_not_quadratic():
+    """16 MiB in 1 KiB reads: re-copying the buffer per read moves ~128 GB (tens of
+    seconds); buffering the reads and joining them once takes milliseconds. The bound is
+    far from both, and the loop gives up early rather than grind through the slow case."""
+    value = bytes(range(256)) * (16 * 4096)
+    data = _set(b"big", 7, value) + _set(b"next", 8)
+    s = ServerSession(max_body_size=len(value) + 4096)
+    t0 = time.perf_counter()
+    events = []
+    step = 1024
+    for i in range(0, len(data), step):
+        s.feed(data[i:i + step])
+        assert s.buffered <= len(data)
+        events += s.receive_data(b"") if not s.wants_data() else []
+        assert time.perf_counter() - t0 < 5.0, f"still at byte {i} of {len(data)}"
+    events += s.receive_data(b"")
+    assert [(bytes(f.key), f.opaque) for f in events] == [(b"big", 7), (b"next", 8)]
+    assert bytes(events[0].value) == value
+    assert s.buffered == 0
+
+
+def test_buffered_counts_an_incomplete_frame_while_it_arrives():
+    data = _set(b"k", 1, b"x" * 10_000)
+    s = ServerSession()
+    fed = 0
+    for i in range(0, len(data) - 100, 1000):
+        s.feed(data[i:i + 1000])
+        fed += len(data[i:i + 1000])
+        assert s.next_event() is None
+        assert s.buffered == fed and s.wants_data()
+    s.feed(data[fed:])
+    assert not s.wants_data()
+    assert [bytes(f.key) for f in s.receive_data(b"")] == [b"k"] and s.buffered == 0
 
 
 def test_a_request_fed_a_byte_at_a_time_comes_out_once_as_the_frame_reader_frame():
