@@ -31,6 +31,7 @@ from .errors import (
     RollbackError,
     StatusError,
     StreamError,
+    SyncWriteAmbiguous,
     TransientError,
     UsageError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "StatusError",
     "StreamEnd",
     "StreamError",
+    "SyncWriteAmbiguous",
     "TransientError",
     "UsageError",
 ]

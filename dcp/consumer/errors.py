@@ -11,7 +11,8 @@ Rules of this module:
 - Outcomes the application must decide about are their own classes: ``RollbackError``
   (rollback policy "fail") and ``StreamError`` (the server refused a stream for a reason
   retrying cannot fix). Server status errors of single KV operations are the protocol
-  layer's ``StatusError`` family (``KeyNotFound``, ``KeyExists``...), re-exported here.
+  layer's ``StatusError`` family (``KeyNotFound``, ``KeyExists``, ``SyncWriteAmbiguous``
+  for a durable write whose outcome is unknown...), re-exported here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dcp.protocol.errors import (
     KeyNotFound,
     NotStored,
     StatusError,
+    SyncWriteAmbiguous,
 )
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "RollbackError",
     "StatusError",
     "StreamError",
+    "SyncWriteAmbiguous",
     "TransientError",
     "UsageError",
 ]

@@ -7,10 +7,13 @@ Rules of this module:
   responses are matched by opaque (they may come back in any order). Single operations
   are batches of one. Any number of tasks may use one client concurrently.
 - A write returns ``MutationResult`` (CAS, and vb_uuid + seqno when the server reports
-  them: HELLO MutationSeqno). ``durable=True`` sends the request with alt framing
-  (magic 0x08) and a durability frame info of level PERSIST_TO_MAJORITY: the server
-  answers only once the write is persisted. Otherwise a write is acknowledged once it
-  is in the server's memory.
+  them: HELLO MutationSeqno), once the write is in the server's memory. ``durable=True``
+  sends alt framing (magic 0x08) and a durability frame info of level
+  PERSIST_TO_MAJORITY whose timeout is the time the client will still wait, less a
+  margin, rewritten per attempt (``kv_requests.py``). The server answers once the write
+  is persisted or, at that deadline, with SYNC_WRITE_AMBIGUOUS, raised as
+  ``SyncWriteAmbiguous``: the write was applied but may not be persisted. It is never
+  retried here; the caller reads the document or repeats an idempotent write.
 - Requests are encoded once with opaque 0 (``Op.frame``) and the opaque of each attempt
   is patched into the send buffer, so a retry re-sends the same bytes. The connection
   (``kv_connection.py``) matches answers by opaque straight from the received bytes.
@@ -25,7 +28,6 @@ Rules of this module:
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
@@ -35,25 +37,31 @@ from dcp.protocol import codec
 from dcp.protocol.errors import for_status
 from dcp.protocol.frames import Frame
 from dcp.protocol.layout import HDR_STORE, vbucket_for_key
-from dcp.protocol.opcodes import Datatype, DurabilityLevel, HelloFeature, Opcode, Status
+from dcp.protocol.opcodes import HelloFeature, Opcode, Status
 
 from .errors import (
     BatchWriteError,
     ClientClosedError,
     ConnectionLostError,
     RetryTimeoutError,
+    SyncWriteAmbiguous,
     UsageError,
 )
 from .kv_connection import KvConnection, Op, WriteOk
+from .kv_requests import (
+    DocValue,
+    KvItems,
+    doc_bytes,
+    durability_info,
+    durability_timeout_ms,
+    get_request,
+    key_bytes,
+    with_durability_timeout,
+)
 from .kv_results import GetResult, MutationResult
 
 __all__ = ["DocValue", "KvClient", "KvItems"]
 
-#: A document: bytes and str are stored as they are, dict and list as JSON.
-DocValue = bytes | bytearray | memoryview | str | dict[str, Any] | list[Any]
-#: What ``set_many`` writes: a mapping key -> document, or (key, document) pairs.
-KvItems = (Mapping[str, DocValue] | Mapping[bytes, DocValue]
-           | Iterable[tuple[str | bytes, DocValue]])
 #: One answer of ``_execute``: the response, a successful write's tuple, or the error.
 _Result = Frame | WriteOk | BaseException
 
@@ -62,23 +70,6 @@ _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, St
 KV_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO,
                HelloFeature.ALT_REQUEST_SUPPORT, HelloFeature.SYNC_REPLICATION]
 _SET = int(Opcode.SET)
-
-
-def _key(key: str | bytes) -> bytes:
-    k = key.encode() if isinstance(key, str) else bytes(key)
-    if not 0 < len(k) <= 250:
-        raise UsageError(f"keys must be 1..250 bytes, got {len(k)}")
-    return k
-
-
-def _value(value: DocValue) -> tuple[bytes, int]:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value), 0
-    if isinstance(value, str):
-        return value.encode(), 0
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":")).encode(), Datatype.JSON
-    raise UsageError(f"values must be bytes, str, dict or list, not {type(value).__name__}")
 
 
 class KvClient:
@@ -163,7 +154,7 @@ class KvClient:
             await cm.__aexit__(None, None, None)
 
     def vbucket_for(self, key: str | bytes) -> int:
-        return vbucket_for_key(_key(key), self.num_vbuckets)
+        return vbucket_for_key(key_bytes(key), self.num_vbuckets)
 
     async def _connection(self) -> KvConnection:
         if self._state != "running":
@@ -192,8 +183,11 @@ class KvClient:
 
     # ------------------------------------------------------------------ execution
 
-    async def _execute(self, ops: list[Op]) -> list[_Result]:
-        """Run ``ops`` pipelined, retrying what is retriable until ``timeout``."""
+    async def _execute(self, ops: list[Op], durable: bool = False) -> list[_Result]:
+        """Run ``ops`` pipelined, retrying what is retriable until ``timeout``.
+
+        ``durable``: the ops are durable writes; each attempt sends the time left as
+        their durability timeout."""
         results: list[_Result | None] = [None] * len(ops)
         pending = list(range(len(ops)))
         start = trio.current_time()
@@ -206,6 +200,10 @@ class KvClient:
             try:
                 with trio.fail_after(max(0.001, start + self.timeout - trio.current_time())):
                     conn = await self._connection()
+                    if durable:
+                        ms = durability_timeout_ms(start + self.timeout - trio.current_time())
+                        for i in pending:
+                            ops[i].frame = with_durability_timeout(ops[i].frame, ms)
                     batch = await conn.roundtrip_batch([ops[i] for i in pending])
             except (OSError, trio.TooSlowError, ConnectionLostError) as exc:
                 last = exc
@@ -228,6 +226,10 @@ class KvClient:
                                 f"connection lost before the answer to opcode "
                                 f"0x{ops[i].opcode:02x} for key {ops[i].key!r}: it may or may "
                                 f"not have been applied")
+                    elif (durable and f.status == Status.ETMPFAIL
+                          and HelloFeature.XERROR not in conn.features):
+                        # without extended errors the server's deadline answer is ETMPFAIL
+                        results[i] = SyncWriteAmbiguous(f.status, f"key {ops[i].key!r}")
                     elif f.status in _RETRIABLE:
                         last = for_status(f.status, bytes(f.value))
                         retry.append(i)
@@ -250,11 +252,11 @@ class KvClient:
 
     def _store_op(self, opcode: int, key: str | bytes, value: DocValue, flags: int, expiry: int,
                   cas: int, durable: bool) -> Op:
-        k = _key(key)
-        v, dt = _value(value)
+        k = key_bytes(key)
+        v, dt = doc_bytes(value)
         vb = vbucket_for_key(k, self.num_vbuckets)
         extras = codec.store_extras(flags, expiry)
-        fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
+        fe = durability_info(self.timeout) if durable else b""
         return Op(opcode, k, vb, codec.request(
             opcode, vbucket=vb, cas=cas, datatype=dt, extras=extras, key=k, value=v,
             framing_extras=fe), opcode == Opcode.SET and cas == 0)
@@ -269,12 +271,12 @@ class KvClient:
         ops: list[Op] = []
         append = ops.append
         for key, value in pairs:
-            k = key if type(key) is bytes and 0 < len(key) <= 250 else _key(key)
+            k = key if type(key) is bytes and 0 < len(key) <= 250 else key_bytes(key)
             if type(value) is bytes:
                 v = value
                 dt = 0
             else:
-                v, dt = _value(value)
+                v, dt = doc_bytes(value)
             vb = hash_key(k, nvb)
             kl = len(k)
             append(Op(_SET, k, vb, head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0,
@@ -282,9 +284,9 @@ class KvClient:
         return ops
 
     def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> Op:
-        k = _key(key)
+        k = key_bytes(key)
         vb = vbucket_for_key(k, self.num_vbuckets)
-        fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY) if durable else b""
+        fe = durability_info(self.timeout) if durable else b""
         return Op(Opcode.DELETE, k, vb, codec.request(
             Opcode.DELETE, vbucket=vb, cas=cas, key=k, framing_extras=fe), False)
 
@@ -303,8 +305,8 @@ class KvClient:
             return MutationResult(op.key, op.vbucket, r.cas)
         return MutationResult(op.key, op.vbucket, r.cas, ms[0], ms[1])
 
-    async def _one_write(self, op: Op) -> MutationResult:
-        (r,) = await self._execute([op])
+    async def _one_write(self, op: Op, durable: bool) -> MutationResult:
+        (r,) = await self._execute([op], durable)
         res = self._mutation_result(op, r)
         if isinstance(res, BaseException):
             raise res
@@ -316,24 +318,24 @@ class KvClient:
                   cas: int = 0, durable: bool = False) -> MutationResult:
         """Create or replace ``key`` (with ``cas``: only if the CAS still matches)."""
         return await self._one_write(
-            self._store_op(Opcode.SET, key, value, flags, expiry, cas, durable))
+            self._store_op(Opcode.SET, key, value, flags, expiry, cas, durable), durable)
 
     async def add(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
                   durable: bool = False) -> MutationResult:
         """Create ``key``; raises ``KeyExists`` if it exists."""
         return await self._one_write(
-            self._store_op(Opcode.ADD, key, value, flags, expiry, 0, durable))
+            self._store_op(Opcode.ADD, key, value, flags, expiry, 0, durable), durable)
 
     async def replace(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
                       cas: int = 0, durable: bool = False) -> MutationResult:
         """Replace an existing ``key``; raises ``KeyNotFound`` if it does not exist."""
         return await self._one_write(
-            self._store_op(Opcode.REPLACE, key, value, flags, expiry, cas, durable))
+            self._store_op(Opcode.REPLACE, key, value, flags, expiry, cas, durable), durable)
 
     async def delete(self, key: str | bytes, *, cas: int = 0,
                      durable: bool = False) -> MutationResult:
         """Delete ``key``; raises ``KeyNotFound`` if it does not exist."""
-        return await self._one_write(self._delete_op(key, cas, durable))
+        return await self._one_write(self._delete_op(key, cas, durable), durable)
 
     async def get(self, key: str | bytes) -> GetResult:
         """Read ``key``; raises ``KeyNotFound`` if it does not exist."""
@@ -345,9 +347,9 @@ class KvClient:
         """Read many keys in one pipelined batch; missing keys are left out."""
         ops: list[Op] = []
         for key in keys:
-            k = _key(key)
+            k = key_bytes(key)
             vb = vbucket_for_key(k, self.num_vbuckets)
-            ops.append(Op(Opcode.GET, k, vb, _get_request(vb, k), True))
+            ops.append(Op(Opcode.GET, k, vb, get_request(vb, k), True))
         out: dict[bytes, GetResult] = {}
         for op, r in zip(ops, await self._execute(ops), strict=True):
             if isinstance(r, BaseException):
@@ -380,23 +382,19 @@ class KvClient:
             ops = [self._store_op(Opcode.SET, k, v, flags, expiry, 0, durable) for k, v in pairs]
         else:
             ops = self._set_ops(pairs, flags, expiry)
-        return await self._write_many(ops)
+        return await self._write_many(ops, durable)
 
     async def delete_many(self, keys: Iterable[str | bytes], *,
                           durable: bool = False) -> list[MutationResult]:
         """Delete many keys in one pipelined batch (see ``set_many`` for errors)."""
-        return await self._write_many([self._delete_op(k, 0, durable) for k in keys])
+        return await self._write_many([self._delete_op(k, 0, durable) for k in keys], durable)
 
-    async def _write_many(self, ops: list[Op]) -> list[MutationResult]:
+    async def _write_many(self, ops: list[Op], durable: bool = False) -> list[MutationResult]:
         if not ops:
             return []
         results = [self._mutation_result(op, r)
-                   for op, r in zip(ops, await self._execute(ops), strict=True)]
+                   for op, r in zip(ops, await self._execute(ops, durable), strict=True)]
         if any(isinstance(r, BaseException) for r in results):
             raise BatchWriteError(results)
         return cast(list[MutationResult], results)  # no exception among them (checked)
-
-
-def _get_request(vb: int, key: bytes) -> bytes:
-    return codec.request(Opcode.GET, vbucket=vb, key=key)
 

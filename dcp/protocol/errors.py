@@ -29,6 +29,7 @@ __all__ = [
     "RemoteProtocolError",
     "RollbackRequired",
     "StatusError",
+    "SyncWriteAmbiguous",
     "TemporaryFailure",
     "TooBig",
     "UnknownCommand",
@@ -130,6 +131,20 @@ class DcpStreamIdInvalid(StatusError):
     pass
 
 
+class SyncWriteAmbiguous(StatusError):
+    """A durable write was not known to be durable by its deadline (SYNC_WRITE_AMBIGUOUS).
+
+    The write was applied in memory and may still be persisted, or may be lost if the
+    server stops first: the caller cannot tell which. Not retriable as it is: read the
+    key to see what happened, or repeat the write only where repeating it is harmless.
+    """
+
+    def __init__(self, status: int, message: str = "", value: bytes = b"") -> None:
+        advice = ("the durable write may or may not have been persisted: check the document "
+                  "or retry the write only if repeating it is safe (idempotent)")
+        super().__init__(status, f"{message}; {advice}" if message else advice, value)
+
+
 _BY_STATUS: dict[int, type[StatusError]] = {
     Status.KEY_ENOENT: KeyNotFound,
     Status.KEY_EEXISTS: KeyExists,
@@ -145,6 +160,7 @@ _BY_STATUS: dict[int, type[StatusError]] = {
     Status.ETMPFAIL: TemporaryFailure,
     Status.EBUSY: TemporaryFailure,
     Status.DCP_STREAMID_INVALID: DcpStreamIdInvalid,
+    Status.SYNC_WRITE_AMBIGUOUS: SyncWriteAmbiguous,
 }
 
 
