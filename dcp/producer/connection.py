@@ -16,7 +16,8 @@ Rules of this module:
   writer drains it; long answers (STAT) are produced in steps against the same cap
   (``run_continuation``); streams only produce when the writer asks. Server-wide,
   ``total_output_cap`` is enforced by ``limits.guard_output``, which closes the
-  connections holding the most. A closed connection drops its queued output at once.
+  connections holding the most (output and buffered input, ``held_bytes``). A closed
+  connection drops its queued output at once.
 - A durable write's response (``Pending``) waits in the queue until its seqno is
   persisted or its deadline passes (then it becomes SYNC_WRITE_AMBIGUOUS, or ETMPFAIL
   without XERROR); later responses wait behind it, never past that deadline. The writer
@@ -228,6 +229,12 @@ class Connection:
         """Output this connection holds: queued answers and the buffer being sent."""
         return self._response_bytes + self._sending
 
+    @property
+    def held_bytes(self) -> int:
+        """Memory this connection holds, as ``total_output_cap`` counts it: unsent output
+        and received input not handled yet (``session.buffered``)."""
+        return self._response_bytes + self._sending + self.session.buffered
+
     async def wait_for_output_space(self) -> None:
         """Wait until the writer has drained below ``connection_output_cap``. The server
         hears of it first: this connection may be one to shed (``total_output_cap``)."""
@@ -389,5 +396,6 @@ class Connection:
             "bytes_out": self.bytes_out,
             "queued_response_bytes": self._response_bytes,
             "unsent_bytes": self.unsent_bytes,
+            "buffered_input_bytes": session.buffered,
             "paused": bool(self.streams) and bl.state.value == "full",
         }

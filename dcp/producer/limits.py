@@ -9,10 +9,14 @@ Rules of this module:
   not a bug: the loop backs off (doubling up to ``_MAX_BACKOFF``) and logs at most once
   per ``_LOG_INTERVAL`` with the number of failures since, instead of a traceback per
   attempt. The waiting connection stays in the kernel's backlog meanwhile.
-- ``guard_output`` keeps the output all connections hold (``Connection.unsent_bytes``)
-  within ``total_output_cap``: over it, the connections holding the most are closed,
-  worst first, until the rest fit, each with a log line and a count
-  (``conns_closed_output_memory``). It runs when a connection reaches its own cap
+- ``guard_output`` keeps the memory all connections hold (``Connection.held_bytes``: unsent
+  output plus buffered input, e.g. a large frame still arriving) within
+  ``total_output_cap``: over it, the connections holding the most are closed, worst
+  first, until the rest fit, each with a log line and a count
+  (``conns_closed_output_memory``). Input counts because each connection may buffer up to
+  ``max_item_size`` + 4 KiB of one frame: thousands of clients each sending most of a big
+  frame would otherwise hold gigabytes for the whole partial-frame timeout. It runs when
+  a connection reaches its own cap with output or with buffered input
   (``DcpServer.output_pressure``) and four times a second.
 """
 
@@ -93,23 +97,27 @@ async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
 
 
 def shed_output(server: DcpServer) -> int:
-    """Close the connections holding the most output until all output fits within
-    ``total_output_cap``; returns how many were closed."""
+    """Close the connections holding the most memory (unsent output + buffered input)
+    until what all of them hold fits within ``total_output_cap``; returns how many were
+    closed."""
     cap = server.config.total_output_cap
-    live = [c for c in server.connections if not c.closed]
-    total = sum(c.unsent_bytes for c in live)
+    live = [(c.held_bytes, c) for c in server.connections if not c.closed]
+    total = sum(held for held, _ in live)
     if total <= cap:
         return 0
     closed = 0
-    for conn in sorted(live, key=lambda c: c.unsent_bytes, reverse=True):
-        held = conn.unsent_bytes
+    live.sort(key=lambda e: e[0], reverse=True)
+    for held, conn in live:
         if total <= cap or not held:
             break
-        log.warning("output memory %d bytes is over total_output_cap=%d: closing id=%d "
-                    "peer=%s name=%s, which holds %d unsent bytes", total, cap, conn.id,
-                    conn.peer, conn.dcp_name, held)
+        unsent = conn.unsent_bytes
+        log.warning("connection memory %d bytes (unsent output + buffered input) is over "
+                    "total_output_cap=%d: closing id=%d peer=%s name=%s, which holds %d "
+                    "unsent and %d buffered input bytes", total, cap, conn.id, conn.peer,
+                    conn.dcp_name, unsent, held - unsent)
         server.metrics.connections_shed += 1
-        conn.close(f"output memory over total_output_cap ({held} unsent bytes)")
+        conn.close(f"memory over total_output_cap ({unsent} unsent bytes, "
+                   f"{held - unsent} buffered input bytes)")
         total -= held
         closed += 1
     return closed

@@ -24,6 +24,8 @@ Rules of this module:
   ``conn.continuation``; the reader runs it (``Connection.run_continuation``: yields to
   the event loop, pauses at the cap) before handling the next frame, so answers stay in
   request order.
+- A connection's buffered input counts against ``total_output_cap`` (``limits``): while
+  an incomplete frame over ``connection_output_cap`` arrives, each read tells the server.
 - The start of an incomplete frame is recorded (``conn.partial_since``) for the
   partial-frame timeout; it is cleared while the reader waits on its own output.
 - Bad input never escapes: a malformed frame gets EINVAL; a broken byte stream gets one
@@ -85,6 +87,8 @@ async def read_requests(conn: Connection) -> None:
             if session.wants_data():  # still the same incomplete frame
                 if conn.partial_since is None:
                     conn.partial_since = conn.last_read
+                if session.buffered > cap:  # a big frame: input memory counts server-wide
+                    server.output_pressure()
                 continue
         before = session.frames_in
         out = bytearray()  # answers of fast-path SETs, in order

@@ -244,7 +244,8 @@ class DcpServer:
     # ------------------------------------------------------------------ connections
 
     def output_pressure(self) -> None:
-        """A connection reached its output cap: check the server-wide bound now."""
+        """A connection reached its output cap (or holds a big frame still arriving):
+        check the server-wide bound now."""
         self.output_event.set()
 
     def register_dcp_name(self, conn: Connection) -> None:
