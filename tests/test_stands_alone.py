@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTSIDE = re.compile(
     r"perf-baseline|peers-baseline|STYLE\.md|DESIGN\.md|research/|\bshared/"
     r"|cluster-reference|dcp-protocol-reference|[Rr]eference §|\bseed 0\d\d"
+    # source files of other projects: a path to a C/C++/Erlang/Go/Java file, LMDB's and
+    # py-lmdb's sources, Couchbase's repositories (this project has no such files)
+    r"|[\w-]+/[\w/.-]*\.(?:h|c|cc|hh|cpp|hpp|erl|hrl|go|java)\b|\b(?:lmdb\.h|mdb\.c)\b"
+    r"|\bkv_engine[:/]|\bns_server/|\bkv:include/|\blmdb/cffi\.py"
 )
 
 SCANNED = ("dcp", "tools", "tests", "docs", "protocol_spec", "pyspark_dcp")
@@ -51,5 +55,11 @@ def test_the_check_sees_the_citations_it_is_for() -> None:
             "follows reference §5.4 exactly\n"
             "(perf-baseline §6)\n"
             "see STYLE.md\n"
-            "see protocol_spec/README.md §8\n")
-    assert [n for n, _ in citations(text)] == [2, 3, 4]
+            "see protocol_spec/README.md §8\n"
+            "LMDB's file layout (lmdb.h / mdb.c): pages 0 and 1\n"
+            "(checked in `lmdb/cffi.py`)\n"
+            "Response status codes (``kv:include/mcbp/protocol/status.h``)\n"
+            "as engines/ep/src/dcp/active_stream.cc does\n"
+            "ns_server/src/ns_config.erl\n"
+            "start=st.c, end=SEQNO_MAX; see dcp/producer/engine/datafiles.py\n")
+    assert [n for n, _ in citations(text)] == [2, 3, 4, 6, 7, 8, 9, 10]

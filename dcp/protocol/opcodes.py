@@ -83,7 +83,8 @@ class Opcode(IntEnum):
 
 
 class Status(IntEnum):
-    """Response status codes (``kv:include/mcbp/protocol/status.h``)."""
+    """Response status codes of the memcached binary protocol; protocol_spec/README.md §7.1
+    says which ones this server sends, and when."""
 
     SUCCESS = 0x00
     KEY_ENOENT = 0x01
@@ -121,7 +122,7 @@ class Datatype(IntFlag):
 
 
 class HelloFeature(IntEnum):
-    """HELLO feature codes (``kv:include/mcbp/protocol/feature.h``)."""
+    """HELLO feature codes; protocol_spec/README.md §6.1 says which ones this server acts on."""
 
     TLS = 0x02
     TCPNODELAY = 0x03

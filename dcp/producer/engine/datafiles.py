@@ -36,7 +36,7 @@ LOCK_FILE = "lock.mdb"
 #: written beside the LMDB files once the store holds a bucket
 MARKER = "dcp-store.json"
 
-# LMDB's file layout (lmdb.h / mdb.c, format version 1): pages 0 and 1 are meta pages;
+# LMDB's file layout (its data file format version 1): pages 0 and 1 are meta pages;
 # each starts with a 16-byte page header, then MDB_meta: magic, version, map address,
 # map size, two MDB_db records (free pages, main DB) of 48 bytes, last used page number,
 # transaction id. The free DB's first field (md_pad) holds the page size. Native order
