@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     # the collector walk every queued item over and over under ingest).
     gc.set_threshold(100_000, 50, 100)
     sys.setswitchinterval(cfg.gil_switch_interval)
-    data = Path(cfg.data_dir)
+    data = Path(cfg.data_dir).resolve()  # error lines name the directory unambiguously
     if data.exists() and not data.is_dir():
         print(f"dcp-server: data dir {data} exists and is not a directory", file=sys.stderr)
         return EXIT_USAGE
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_DATA_DIR
         if not isinstance(leaf, OSError | StatusError) and type(leaf).__module__ != "lmdb":
             raise  # a bug: keep the traceback
-        print(f"dcp-server: {cfg.data_dir}: {leaf}", file=sys.stderr)
+        print(f"dcp-server: {data}: {leaf}", file=sys.stderr)
         return EXIT_FAILED
     if not clean:
         print("dcp-server: stopped without persisting every acknowledged write (see the "

@@ -109,6 +109,9 @@ class DcpServer:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Open the data directory, listen, serve until ``request_shutdown``."""
+        # Named (absolute) before anything can fail: opening may take long (warm-up,
+        # migration) or fail, and the operator must know which directory it was.
+        log.info("opening data_dir=%s", Path(self.config.data_dir).resolve())
         Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
         bucket = await trio.to_thread.run_sync(functools.partial(
             Bucket.open, self.config.data_dir, self._engine_config(), clock=self.clock,

@@ -21,6 +21,7 @@ from dcp.producer.engine import Bucket, EngineConfig
 from dcp.producer.engine.datafiles import MARKER
 from dcp.protocol import FrameReader, Opcode, Status, StreamEndStatus, codec
 
+ROOT = Path(__file__).resolve().parents[2]
 SERVER = [sys.executable, "-m", "dcp.producer"]
 ENOSPC_SERVER = [sys.executable, str(Path(__file__).with_name("enospc_server.py"))]
 NV = 4
@@ -48,15 +49,18 @@ def _prepare(data: Path, n: int = 200) -> dict[bytes, bytes]:
     return docs
 
 
-def _refused(data: Path, *extra: str) -> str:
-    """Run the server, which must refuse to start: exit 3, one line on stderr."""
+def _refused(data: Path, *extra: str, code: int = 3, cwd: Path | None = None) -> str:
+    """Run the server, which must refuse to start: exit ``code``; on stderr the log line
+    naming the absolute data directory, then one line saying why (no traceback)."""
     r = subprocess.run([*SERVER, "--port", "0", "--data-dir", str(data), "--num-vbuckets",
-                        str(NV), *extra], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 3, (r.returncode, r.stderr)
+                        str(NV), *extra], capture_output=True, text=True, timeout=60,
+                       cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == code, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("dcp-server: refusing to start: "), lines[0]
-    return lines[0]
+    absolute = ((cwd or Path.cwd()) / data).resolve()
+    assert lines[0].endswith(f" INFO dcp.server opening data_dir={absolute}"), r.stderr
+    assert len(lines) == 2, r.stderr
+    return lines[1]
 
 
 class Proc:
@@ -71,7 +75,9 @@ class Proc:
         deadline = time.monotonic() + 30
         while not (m := re.search(r"listening host=\S+ port=(\d+)", self.text())):
             assert self.p.poll() is None, f"exited {self.p.returncode}:\n{self.text()}"
-            assert time.monotonic() < deadline, self.text()
+            if time.monotonic() >= deadline:
+                self.kill()  # no server left behind by a failed start
+                raise AssertionError(f"dcp-server did not report its port:\n{self.text()}")
             time.sleep(0.02)
         self.port = int(m.group(1))
 
@@ -162,9 +168,21 @@ def test_a_damaged_data_file_refuses_the_start_with_one_line_and_exit_3(
     damage(data / "data.mdb")
     before = sorted((p.name, p.stat().st_size) for p in data.iterdir())
     line = _refused(data)
+    assert line.startswith("dcp-server: refusing to start: "), line
     assert re.search(says, line), line
     assert str(data.resolve() / "data.mdb") in line and "--reset-data" in line
     assert sorted((p.name, p.stat().st_size) for p in data.iterdir()) == before  # untouched
+
+
+def test_a_failed_open_names_the_absolute_data_dir_in_the_log_and_the_error_line(
+        tmp_path: Path) -> None:
+    """A relative ``--data-dir`` that cannot be opened: the log names the resolved
+    directory before opening, and so does the error line (the operator may not know the
+    server's working directory)."""
+    (tmp_path / "blocker").write_text("a file where a directory should be")
+    line = _refused(Path("blocker/data"), code=1, cwd=tmp_path)
+    assert line.startswith(f"dcp-server: {tmp_path.resolve() / 'blocker' / 'data'}: "), line
+    assert "Not a directory" in line, line
 
 
 def test_reset_data_sets_a_damaged_file_aside_and_starts_empty_but_never_touches_intact_data(
