@@ -170,7 +170,8 @@ CASES: list[tuple[str, str, str, dict]] = [
      _req(Opcode.SET, vbucket=115, opaque=9, datatype=Datatype.JSON,
           extras={"flags": 0, "expiration": 0}, key=b"foo", value=b'{"v":1}')),
     ("set_request_durable", C2S, "Durable SET: alt magic 0x08 with the durability frame "
-     "info (id 1, level PERSIST_TO_MAJORITY, timeout 2500 ms); answered once persisted.",
+     "info (id 1, level PERSIST_TO_MAJORITY, timeout 2500 ms); answered once persisted, "
+     "or SYNC_WRITE_AMBIGUOUS when the timeout passes first.",
      _alt_req(Opcode.SET, vbucket=115, opaque=10, framing_extras=[
          {"id": FrameInfoId.DURABILITY, "level": DurabilityLevel.PERSIST_TO_MAJORITY,
           "timeout_ms": 2500}], extras={"flags": 0, "expiration": 0}, key=b"foo",
