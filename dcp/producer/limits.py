@@ -8,7 +8,8 @@ Rules of this module:
 - Running out of descriptors or memory at accept (EMFILE, ENFILE, ENOBUFS, ENOMEM) is
   not a bug: the loop backs off (doubling up to ``_MAX_BACKOFF``) and logs at most once
   per ``_LOG_INTERVAL`` with the number of failures since, instead of a traceback per
-  attempt. The waiting connection stays in the kernel's backlog meanwhile.
+  attempt. The waiting connection stays in the kernel's backlog meanwhile. Every listener
+  of the server uses this loop (``accept_with_backoff``), the metrics port included.
 - ``guard_output`` keeps the memory all connections hold (``Connection.held_bytes``: unsent
   output plus buffered input, e.g. a large frame still arriving) within
   ``total_output_cap``: over it, the connections holding the most are closed, worst
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -31,9 +33,10 @@ import trio
 from .connection import Connection
 
 if TYPE_CHECKING:
+    from .metrics import ServerMetrics
     from .server import DcpServer
 
-__all__ = ["accept_connections", "guard_output", "shed_output"]
+__all__ = ["accept_connections", "accept_with_backoff", "guard_output", "shed_output"]
 
 log = logging.getLogger("dcp.server")
 
@@ -55,10 +58,39 @@ async def accept_connections(server: DcpServer, listeners: list[trio.SocketListe
 async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
                        conns: trio.Nursery) -> None:
     metrics = server.metrics
+    refused_logged_at = -_LOG_INTERVAL
+
+    async def admit(stream: trio.SocketStream) -> None:
+        nonlocal refused_logged_at
+        if len(server.connections) >= server.config.max_connections:
+            metrics.connections_refused += 1
+            now = trio.current_time()
+            if now - refused_logged_at >= _LOG_INTERVAL:
+                log.warning("refusing connections: max_connections=%d are open "
+                            "(%d refused so far)", server.config.max_connections,
+                            metrics.connections_refused)
+                refused_logged_at = now
+            await trio.aclose_forcefully(stream)
+            return
+        conn = Connection(server, stream, server.handlers)
+        # counted now, not when its task starts: a burst of accepts cannot overshoot
+        server.connections.add(conn)
+        metrics.connections_total += 1
+        conns.start_soon(server.serve_connection, conn)
+
+    await accept_with_backoff(listener, admit, metrics, "connections")
+
+
+async def accept_with_backoff(listener: trio.SocketListener,
+                              admit: Callable[[trio.SocketStream], Awaitable[None]],
+                              metrics: ServerMetrics, what: str) -> None:
+    """Accept on ``listener`` until cancelled, handing each stream to ``admit`` (which
+    starts its task or closes it). Out of descriptors or memory, back off and log at most
+    once per ``_LOG_INTERVAL`` (see the module rules); each failure counts in
+    ``metrics.accept_errors``. Closes the listener when done."""
     backoff = _MIN_BACKOFF
     failures = 0  # since the last log line
     logged_at = -_LOG_INTERVAL
-    refused_logged_at = -_LOG_INTERVAL
     async with listener:
         while True:
             try:
@@ -70,8 +102,8 @@ async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
                 failures += 1
                 now = trio.current_time()
                 if now - logged_at >= _LOG_INTERVAL:
-                    log.error("cannot accept connections: %s (%d failures since the last "
-                              "report; retrying, at most every %.1f s)",
+                    log.error("cannot accept %s: %s (%d failures since the last report; "
+                              "retrying, at most every %.1f s)", what,
                               exc.strerror or exc, failures, _MAX_BACKOFF)
                     logged_at = now
                     failures = 0
@@ -79,21 +111,7 @@ async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
                 backoff = min(backoff * 2, _MAX_BACKOFF)
                 continue
             backoff = _MIN_BACKOFF
-            if len(server.connections) >= server.config.max_connections:
-                metrics.connections_refused += 1
-                now = trio.current_time()
-                if now - refused_logged_at >= _LOG_INTERVAL:
-                    log.warning("refusing connections: max_connections=%d are open "
-                                "(%d refused so far)", server.config.max_connections,
-                                metrics.connections_refused)
-                    refused_logged_at = now
-                await trio.aclose_forcefully(stream)
-                continue
-            conn = Connection(server, stream, server.handlers)
-            # counted now, not when its task starts: a burst of accepts cannot overshoot
-            server.connections.add(conn)
-            metrics.connections_total += 1
-            conns.start_soon(server.serve_connection, conn)
+            await admit(stream)
 
 
 def shed_output(server: DcpServer) -> int:

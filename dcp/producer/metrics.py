@@ -6,7 +6,10 @@ Rules of this module:
   Prometheus metric families only when someone scrapes, reading the server through
   ``ServerView`` (server_view.py) only.
 - The HTTP endpoint is a tiny trio server (``serve_metrics``) in the server's nursery:
-  ``GET /metrics`` only; anything else gets 404. No thread is started.
+  ``GET /metrics`` only; anything else gets 404. No thread is started. It accepts with
+  the server's accept loop (``limits.accept_with_backoff``: out of descriptors it backs
+  off and logs once in a while, counting ``accept_errors``), serves at most
+  ``MAX_METRICS_CONNECTIONS`` at once (more are closed at accept) and gives each 5 s.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..protocol.opcodes import Opcode
+from .limits import accept_with_backoff
 
 if TYPE_CHECKING:
     from .server_view import ServerView
 
-__all__ = ["MetricsCollector", "ServerMetrics", "serve_metrics"]
+__all__ = ["MAX_METRICS_CONNECTIONS", "MetricsCollector", "ServerMetrics", "serve_metrics"]
+
+#: Scrapes served at once; a scraper needs one, a few more cover overlapping scrapes.
+MAX_METRICS_CONNECTIONS = 16
 
 
 class ServerMetrics:
@@ -184,4 +191,23 @@ async def serve_metrics(server: ServerView, host: str, port: int, *,
     what ``nursery.start`` returns."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(lambda st: _handle(server, st), listeners)
+    busy = 0
+
+    async def serve(stream: trio.SocketStream) -> None:
+        nonlocal busy
+        busy += 1
+        try:
+            await _handle(server, stream)
+        finally:
+            busy -= 1
+
+    async with trio.open_nursery() as nursery:
+        async def admit(stream: trio.SocketStream) -> None:
+            if busy >= MAX_METRICS_CONNECTIONS:  # scrapers are few: this is a flood
+                await trio.aclose_forcefully(stream)
+                return
+            nursery.start_soon(serve, stream)
+
+        for listener in listeners:
+            nursery.start_soon(accept_with_backoff, listener, admit, server.metrics,
+                               "metrics connections")

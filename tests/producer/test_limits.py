@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import resource
 import socket
-import time
 from pathlib import Path
 
 import trio
@@ -45,7 +44,7 @@ async def test_a_slowloris_frame_is_closed_after_the_partial_frame_timeout(
         if closed_after is None:  # our sends may still fit in buffers: look for EOF
             await loris.wait_closed(1.0)
             closed_after = trio.current_time() - t0
-        assert 1.0 <= closed_after <= 2.5, closed_after
+        assert 1.0 <= closed_after <= 3.0, closed_after  # + a 0.5 s timer tick + slack
         assert server.metrics.partial_frame_closed == 1
         st = await slow_but_whole.stats()
         assert st["conns_closed_partial_frame"] == "1"
@@ -61,8 +60,8 @@ async def test_an_idle_kv_connection_is_closed_but_one_with_a_stream_is_not(
         dcp = await WireClient.connect(server.port)
         assert (await dcp.dcp_open("idle-test")).status == Status.SUCCESS
         assert (await dcp.stream_req(0)).status == Status.SUCCESS
-        await idle.wait_closed(4.0)
-        assert 1.0 <= trio.current_time() - t0 <= 2.5
+        await idle.wait_closed(5.0)
+        assert 1.0 <= trio.current_time() - t0 <= 3.0  # + a 0.5 s timer tick + slack
         assert server.metrics.idle_closed == 1
         await trio.sleep(0.5)  # the streaming connection outlives the timeout
         assert (await dcp.stats())["conns_closed_idle"] == "1"
@@ -110,12 +109,13 @@ async def test_out_of_descriptors_at_accept_logs_once_backs_off_and_recovers(
     """A real server with few descriptors: connections beyond them wait in the backlog;
     the server logs the condition once (not a traceback every 0.1 s) and serves them
     when descriptors free up."""
-    srv = ServerProcess(tmp_path / "d", preexec_fn=lambda: _limit_fds(48)).start()
+    srv = ServerProcess(tmp_path / "d", preexec_fn=lambda: _limit_fds(48))
+    await srv.start()
     socks: list[socket.socket] = []
     try:
         for _ in range(60):
             socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
-        time.sleep(3.0)  # the server keeps failing to accept meanwhile
+        await trio.sleep(3.0)  # the server keeps failing to accept meanwhile
         log = srv.log()
         assert "Traceback" not in log, log[-3000:]
         assert log.count("cannot accept connections") == 1, log[-3000:]
@@ -127,6 +127,51 @@ async def test_out_of_descriptors_at_accept_logs_once_backs_off_and_recovers(
             st = await client.stats()
         assert int(st["accept_errors"]) >= 1
         await client.aclose()
+    finally:
+        for s in socks:
+            s.close()
+        srv.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_the_metrics_port_out_of_descriptors_backs_off_and_logs_once(
+        tmp_path: Path) -> None:
+    """The metrics listener accepts with the same loop: out of descriptors it logs once
+    (trio's serve_listeners logged a traceback every 0.1 s) and scrapes work again once
+    descriptors free up."""
+    mport = _free_port()
+    srv = ServerProcess(tmp_path / "d", "--metrics-port", str(mport),
+                        preexec_fn=lambda: _limit_fds(48))
+    await srv.start()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(60):  # every descriptor taken, the rest waits in the backlog
+            socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+        await trio.sleep(0.5)  # the server has taken what it can
+        for _ in range(3):  # scrapers waiting on the metrics port
+            socks.append(socket.create_connection(("127.0.0.1", mport), timeout=5))
+        await trio.sleep(2.0)
+        log = srv.log()
+        assert "Traceback" not in log, log[-3000:]
+        assert log.count("cannot accept metrics connections") == 1, log[-3000:]
+        for s in socks:
+            s.close()
+        socks.clear()
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", mport)
+            async with stream:
+                await stream.send_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+                data = b""
+                while chunk := await stream.receive_some(65536):
+                    data += chunk
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
+        errors = [ln for ln in data.decode().splitlines() if ln.startswith("dcp_accept_errors")]
+        assert errors and float(errors[0].split()[-1]) >= 1, errors
     finally:
         for s in socks:
             s.close()

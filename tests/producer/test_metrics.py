@@ -9,6 +9,7 @@ from pathlib import Path
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from dcp.producer.metrics import MAX_METRICS_CONNECTIONS
 from dcp.producer.server import DcpServer, ServerConfig
 from dcp.protocol import DcpOpenFlag, Opcode, Status, codec
 
@@ -183,3 +184,25 @@ async def test_metrics_are_off_unless_a_port_is_given(tmp_path: Path) -> None:
     cfg = ServerConfig(port=0, data_dir=str(tmp_path / "data"), num_vbuckets=NVB)
     async with DcpServer(cfg) as server:
         assert cfg.metrics_port == 0 and server.metrics_port == 0
+
+
+async def test_metrics_connections_beyond_the_limit_are_closed_at_once(tmp_path: Path) -> None:
+    """Silent connections hold scrape slots (5 s each); past ``MAX_METRICS_CONNECTIONS``
+    a new one is closed at accept, and a scrape works again once the others go."""
+    async with DcpServer(_config(tmp_path)) as server:
+        port = server.metrics_port
+        idle = [await trio.open_tcp_stream("127.0.0.1", port)
+                for _ in range(MAX_METRICS_CONNECTIONS)]
+        await trio.sleep(0.2)  # all accepted and waiting for a request
+        extra = await trio.open_tcp_stream("127.0.0.1", port)
+        with trio.fail_after(2):  # closed without an answer, well before the 5 s
+            try:
+                assert await extra.receive_some(1024) == b""
+            except trio.BrokenResourceError:
+                pass
+        await extra.aclose()
+        for s in idle:
+            await s.aclose()
+        await trio.sleep(0.2)
+        status, _ = await _get(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert status == 200
