@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,20 +32,22 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
-    def start(self) -> ServerProcess:
+    async def start(self) -> ServerProcess:
+        """Spawn it and wait for its port (polling with ``trio.sleep``: the callers are
+        async tests, whose event loop must keep running meanwhile)."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [*SERVER, "--port", "0", "--data-dir", str(self.data_dir), "--num-vbuckets",
                  "8", *self.extra], stdout=subprocess.DEVNULL, stderr=log, **self.popen)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        deadline = trio.current_time() + 20
+        while trio.current_time() < deadline:
             m = re.search(r"listening host=\S+ port=(\d+)", self.log())
             if m:
                 self.port = int(m.group(1))
                 return self
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dcp-server exited early:\n{self.log()}")
-            time.sleep(0.02)
+            await trio.sleep(0.02)
         self.stop()
         raise RuntimeError("dcp-server did not report its port")
 

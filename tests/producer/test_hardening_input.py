@@ -39,7 +39,8 @@ async def test_connections_holding_the_most_partial_input_are_closed_and_rss_is_
     bound = total_cap + 48 * MiB  # the cap, the reads in flight, the allocator's slack
     sizes = [2 * MiB + i * 64 * 1024 for i in range(48)]
     srv = ServerProcess(tmp_path / "d", "--connection-output-cap", str(MiB),
-                        "--total-output-cap", str(total_cap)).start()
+                        "--total-output-cap", str(total_cap))
+    await srv.start()
     hogs: list[trio.SocketStream] = []
     try:
         neighbour = await WireClient.connect(srv.port, 8)
