@@ -32,8 +32,13 @@ class Contract:
     own package is always allowed). ``forbidden``: modules it may never import.
     """
 
-    def __init__(self, layer: str, *, ours_allowed: tuple[str, ...] | None = None,
-                 forbidden: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        layer: str,
+        *,
+        ours_allowed: tuple[str, ...] | None = None,
+        forbidden: tuple[str, ...] = (),
+    ) -> None:
         self.layer = layer
         self.package = "dcp." + layer.replace("/", ".")
         self.ours_allowed = ours_allowed
@@ -41,9 +46,12 @@ class Contract:
 
     def violations(self, module: str) -> list[str]:
         out = [f for f in self.forbidden if _within(module, f)]
-        if self.ours_allowed is not None and _within(module, "dcp") \
-                and not _within(module, self.package) \
-                and not any(_within(module, a) for a in self.ours_allowed):
+        if (
+            self.ours_allowed is not None
+            and _within(module, "dcp")
+            and not _within(module, self.package)
+            and not any(_within(module, a) for a in self.ours_allowed)
+        ):
             out.append(f"ours outside {self.ours_allowed or '(nothing)'}")
         return out
 
@@ -53,8 +61,11 @@ class Contract:
 
 CONTRACTS = [
     Contract("protocol", ours_allowed=(), forbidden=_IO),
-    Contract("producer/engine", ours_allowed=("dcp.protocol",),
-             forbidden=("trio", "socket", "time", "asyncio")),
+    Contract(
+        "producer/engine",
+        ours_allowed=("dcp.protocol",),
+        forbidden=("trio", "socket", "time", "asyncio"),
+    ),
     Contract("consumer", forbidden=("dcp.producer", "lmdb")),
     Contract("spark", forbidden=("dcp.producer",)),
 ]
@@ -118,28 +129,45 @@ if TYPE_CHECKING:
 """
 
 
-@pytest.mark.parametrize(("contract", "source", "module"), [
-    (CONTRACTS[0], "from dcp.consumer import x\n", "dcp.protocol.codec"),
-    (CONTRACTS[0], "import time\n", "dcp.protocol.codec"),
-    (CONTRACTS[0], "from .. import producer\n", "dcp.protocol.codec"),
-    (CONTRACTS[1], "from dcp.producer.config import ServerConfig\n", "dcp.producer.engine.bucket"),
-    (CONTRACTS[1], "from ..connection import Connection\n", "dcp.producer.engine.bucket"),
-    (CONTRACTS[1], "def f():\n    import trio\n", "dcp.producer.engine.bucket"),
-    (CONTRACTS[2], _TYPE_ONLY, "dcp.consumer.client"),
-    (CONTRACTS[3], _TYPE_ONLY, "dcp.spark.executor"),
-], ids=lambda v: v if isinstance(v, str) and "\n" not in v else None)
-def test_the_checker_sees_every_kind_of_import(contract: Contract, source: str,
-                                               module: str) -> None:
+@pytest.mark.parametrize(
+    ("contract", "source", "module"),
+    [
+        (CONTRACTS[0], "from dcp.consumer import x\n", "dcp.protocol.codec"),
+        (CONTRACTS[0], "import time\n", "dcp.protocol.codec"),
+        (CONTRACTS[0], "from .. import producer\n", "dcp.protocol.codec"),
+        (
+            CONTRACTS[1],
+            "from dcp.producer.config import ServerConfig\n",
+            "dcp.producer.engine.bucket",
+        ),
+        (CONTRACTS[1], "from ..connection import Connection\n", "dcp.producer.engine.bucket"),
+        (CONTRACTS[1], "def f():\n    import trio\n", "dcp.producer.engine.bucket"),
+        (CONTRACTS[2], _TYPE_ONLY, "dcp.consumer.client"),
+        (CONTRACTS[3], _TYPE_ONLY, "dcp.spark.executor"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "\n" not in v else None,
+)
+def test_the_checker_sees_every_kind_of_import(
+    contract: Contract, source: str, module: str
+) -> None:
     found = [v for mod in imports_of(source, module) for v in contract.violations(mod)]
     assert found, f"{contract.layer} should refuse {source!r}"
 
 
-@pytest.mark.parametrize(("contract", "source", "module"), [
-    (CONTRACTS[0], "from .opcodes import Opcode\nimport struct\n", "dcp.protocol.codec"),
-    (CONTRACTS[1], "from dcp.protocol import codec\nfrom .records import Item\n",
-     "dcp.producer.engine.bucket"),
-    (CONTRACTS[2], "from dcp.protocol import codec\nimport trio\n", "dcp.consumer.client"),
-], ids=["protocol-own", "engine-protocol", "consumer-protocol"])
-def test_the_checker_allows_what_the_contracts_allow(contract: Contract, source: str,
-                                                     module: str) -> None:
+@pytest.mark.parametrize(
+    ("contract", "source", "module"),
+    [
+        (CONTRACTS[0], "from .opcodes import Opcode\nimport struct\n", "dcp.protocol.codec"),
+        (
+            CONTRACTS[1],
+            "from dcp.protocol import codec\nfrom .records import Item\n",
+            "dcp.producer.engine.bucket",
+        ),
+        (CONTRACTS[2], "from dcp.protocol import codec\nimport trio\n", "dcp.consumer.client"),
+    ],
+    ids=["protocol-own", "engine-protocol", "consumer-protocol"],
+)
+def test_the_checker_allows_what_the_contracts_allow(
+    contract: Contract, source: str, module: str
+) -> None:
     assert not [v for mod in imports_of(source, module) for v in contract.violations(mod)]

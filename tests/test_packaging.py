@@ -13,17 +13,26 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME = ["dcp.protocol", "dcp.producer.server", "dcp.producer.cli", "dcp.consumer",
-           "dcp.ctl.cli", "dcp.spark"]
+RUNTIME = [
+    "dcp.protocol",
+    "dcp.producer.server",
+    "dcp.producer.cli",
+    "dcp.consumer",
+    "dcp.ctl.cli",
+    "dcp.spark",
+]
 DEV_ONLY = ["construct", "hypothesis", "tools", "dcp.protocol.spec", "dcp.protocol.spec_layouts"]
 
 
 def test_the_runtime_never_imports_dev_only_modules() -> None:
-    code = (f"import sys\nfor m in {RUNTIME!r}: __import__(m)\n"
-            f"print(sorted(m for m in {DEV_ONLY!r} if m in sys.modules))")
+    code = (
+        f"import sys\nfor m in {RUNTIME!r}: __import__(m)\n"
+        f"print(sorted(m for m in {DEV_ONLY!r} if m in sys.modules))"
+    )
     # -I: isolated, so neither the cwd nor PYTHONPATH can put ``tools`` on the path
-    p = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
-                       timeout=120, cwd="/")
+    p = subprocess.run(
+        [sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120, cwd="/"
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "[]", f"the runtime imported dev-only modules: {p.stdout}"
 

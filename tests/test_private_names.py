@@ -20,9 +20,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-ALLOWED = frozenset({
-    "dcp/producer/cli.py: _exit",  # os._exit: the documented way out after a fork/signal
-})
+ALLOWED = frozenset(
+    {
+        "dcp/producer/cli.py: _exit",  # os._exit: the documented way out after a fork/signal
+    }
+)
 
 
 def _is_private(name: str) -> bool:
@@ -37,30 +39,44 @@ def _own_names(tree: ast.AST) -> set[str]:
             out.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             out.add(node.id)
-        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-              and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
             out.add(node.attr)
         elif isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
-            out.update(c.value for c in ast.walk(node.value)
-                       if isinstance(c, ast.Constant) and isinstance(c.value, str))
+            isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets
+        ):
+            out.update(
+                c.value
+                for c in ast.walk(node.value)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            )
     return out
 
 
 def _is_own_object(expr: ast.expr) -> bool:
     if isinstance(expr, ast.Name):
         return expr.id in ("self", "cls")
-    return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name)
-            and expr.func.id == "super")
+    return (
+        isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "super"
+    )
 
 
 def violations(source: str) -> list[tuple[int, str]]:
     """(line, private name) of every use of another module's private name in ``source``."""
     tree = ast.parse(source)
     own = _own_names(tree)
-    out = [(node.lineno, node.attr) for node in ast.walk(tree)
-           if isinstance(node, ast.Attribute) and _is_private(node.attr)
-           and not _is_own_object(node.value) and node.attr not in own]
+    out = [
+        (node.lineno, node.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and _is_private(node.attr)
+        and not _is_own_object(node.value)
+        and node.attr not in own
+    ]
     return sorted(out)
 
 
@@ -77,19 +93,22 @@ def scan(root: Path = ROOT) -> dict[str, list[int]]:
 def test_no_module_uses_another_modules_private_names() -> None:
     found = scan()
     new = {k: v for k, v in found.items() if k not in ALLOWED}
-    assert not new, "private names of other modules used (make them public or move " \
-                    "the code to their owner):\n" + "\n".join(
-                        f"{k} (line {', '.join(map(str, v))})" for k, v in sorted(new.items()))
+    assert not new, (
+        "private names of other modules used (make them public or move "
+        "the code to their owner):\n"
+        + "\n".join(f"{k} (line {', '.join(map(str, v))})" for k, v in sorted(new.items()))
+    )
 
 
 def test_the_allowlist_only_names_violations_that_still_exist() -> None:
     gone = sorted(ALLOWED - scan().keys())
-    assert not gone, "fixed: remove from ALLOWED in tests/test_private_names.py:\n" + \
-        "\n".join(gone)
+    assert not gone, "fixed: remove from ALLOWED in tests/test_private_names.py:\n" + "\n".join(
+        gone
+    )
 
 
 def test_the_check_flags_foreign_private_names_only() -> None:
-    src = '''
+    src = """
 import os
 
 
@@ -111,5 +130,5 @@ class Owner:
         return cls._cache, _module_level
 
 _module_level = Owner()._mine
-'''
+"""
     assert violations(src) == [(15, "_sub"), (16, "_exit")]

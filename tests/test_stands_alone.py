@@ -38,28 +38,34 @@ def _files() -> list[Path]:
 
 def citations(text: str) -> list[tuple[int, str]]:
     """(line number, line) of every line citing an outside document."""
-    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
-            if OUTSIDE.search(line)]
+    return [
+        (n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)
+    ]
 
 
 def test_no_file_cites_a_document_outside_the_repository() -> None:
     me = Path(__file__).resolve()
-    found = [f"{path.relative_to(ROOT)}:{n}: {line}"
-             for path in _files() if path.resolve() != me
-             for n, line in citations(path.read_text(encoding="utf-8"))]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line}"
+        for path in _files()
+        if path.resolve() != me
+        for n, line in citations(path.read_text(encoding="utf-8"))
+    ]
     assert not found, "cite files of this repository instead:\n" + "\n".join(found)
 
 
 def test_the_check_sees_the_citations_it_is_for() -> None:
-    text = ("ok line\n"
-            "follows reference §5.4 exactly\n"
-            "(perf-baseline §6)\n"
-            "see STYLE.md\n"
-            "see protocol_spec/README.md §8\n"
-            "LMDB's file layout (lmdb.h / mdb.c): pages 0 and 1\n"
-            "(checked in `lmdb/cffi.py`)\n"
-            "Response status codes (``kv:include/mcbp/protocol/status.h``)\n"
-            "as engines/ep/src/dcp/active_stream.cc does\n"
-            "ns_server/src/ns_config.erl\n"
-            "start=st.c, end=SEQNO_MAX; see dcp/producer/engine/datafiles.py\n")
+    text = (
+        "ok line\n"
+        "follows reference §5.4 exactly\n"
+        "(perf-baseline §6)\n"
+        "see STYLE.md\n"
+        "see protocol_spec/README.md §8\n"
+        "LMDB's file layout (lmdb.h / mdb.c): pages 0 and 1\n"
+        "(checked in `lmdb/cffi.py`)\n"
+        "Response status codes (``kv:include/mcbp/protocol/status.h``)\n"
+        "as engines/ep/src/dcp/active_stream.cc does\n"
+        "ns_server/src/ns_config.erl\n"
+        "start=st.c, end=SEQNO_MAX; see dcp/producer/engine/datafiles.py\n"
+    )
     assert [n for n, _ in citations(text)] == [2, 3, 4, 6, 7, 8, 9, 10]

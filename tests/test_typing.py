@@ -27,8 +27,9 @@ _LINE = re.compile(r"^(?P<path>[^:\s]+\.pyi?):\d+(?::\d+)?: error: (?P<msg>.*)$"
 
 def mypy_errors() -> collections.Counter[str]:
     """``path: error: message  [code]`` of every error, counted (line numbers dropped)."""
-    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     if proc.returncode not in (0, 1):  # 2: mypy itself failed (bad config, crash)
         raise RuntimeError(f"mypy failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
     return parse(proc.stdout)
@@ -53,14 +54,18 @@ def compare(now: collections.Counter[str], baseline: collections.Counter[str]) -
     new = now - baseline
     gone = baseline - now
     problems = [f"new type error: {e}" for e in sorted(new.elements())]
-    problems += [f"fixed (remove it from {BASELINE.name}, or run `make typing-baseline`): "
-                 f"{e}" for e in sorted(gone.elements())]
+    problems += [
+        f"fixed (remove it from {BASELINE.name}, or run `make typing-baseline`): {e}"
+        for e in sorted(gone.elements())
+    ]
     return problems
 
 
 def write_baseline(errors: collections.Counter[str]) -> None:
-    head = ("# mypy errors allowed in dcp/ (tests/test_typing.py): this list may only shrink.\n"
-            f"# {sum(errors.values())} errors; regenerate: make typing-baseline\n")
+    head = (
+        "# mypy errors allowed in dcp/ (tests/test_typing.py): this list may only shrink.\n"
+        f"# {sum(errors.values())} errors; regenerate: make typing-baseline\n"
+    )
     BASELINE.write_text(head + "".join(f"{e}\n" for e in sorted(errors.elements())))
 
 
@@ -70,8 +75,10 @@ def test_no_type_error_beyond_the_baseline_and_the_baseline_only_shrinks() -> No
 
 
 def test_compare_reports_new_errors_and_errors_fixed_but_still_listed() -> None:
-    base = parse("dcp/a.py:3: error: Bad  [x]\ndcp/a.py:9: error: Bad  [x]\n"
-                 "dcp/b.py:1: note: a note\nFound 2 errors in 1 file\n")
+    base = parse(
+        "dcp/a.py:3: error: Bad  [x]\ndcp/a.py:9: error: Bad  [x]\n"
+        "dcp/b.py:1: note: a note\nFound 2 errors in 1 file\n"
+    )
     assert base == collections.Counter({"dcp/a.py: Bad  [x]": 2})
     moved = parse("dcp/a.py:30: error: Bad  [x]\ndcp/a.py:90: error: Bad  [x]\n")
     assert compare(moved, base) == []  # line numbers do not matter

@@ -60,8 +60,10 @@ class SnapshotMarker:
         self.flags = flags
 
     def __repr__(self) -> str:
-        return (f"SnapshotMarker(vb={self.vbucket}, start={self.start}, end={self.end}, "
-                f"flags=0x{self.flags:02x})")
+        return (
+            f"SnapshotMarker(vb={self.vbucket}, start={self.start}, end={self.end}, "
+            f"flags=0x{self.flags:02x})"
+        )
 
 
 class StreamEnd:
@@ -95,14 +97,36 @@ class SnapshotBatch:
         epoch, gen, flow, commit_fn: the delivering client's bookkeeping (module rules).
     """
 
-    __slots__ = ("commit_fn", "end", "epoch", "events", "failover_log", "flags", "flow", "gen",
-                 "nbytes", "purge_seqno", "start", "vbucket")
+    __slots__ = (
+        "commit_fn",
+        "end",
+        "epoch",
+        "events",
+        "failover_log",
+        "flags",
+        "flow",
+        "gen",
+        "nbytes",
+        "purge_seqno",
+        "start",
+        "vbucket",
+    )
     kind = "snapshot"
 
     def __init__(
-        self, vbucket: int, start: int, end: int, flags: int, events: list[Event],
-        nbytes: int, failover_log: FailoverLog, epoch: int, gen: int, flow: FlowControl,
-        commit_fn: CommitFn = _not_bound, purge_seqno: int = 0,
+        self,
+        vbucket: int,
+        start: int,
+        end: int,
+        flags: int,
+        events: list[Event],
+        nbytes: int,
+        failover_log: FailoverLog,
+        epoch: int,
+        gen: int,
+        flow: FlowControl,
+        commit_fn: CommitFn = _not_bound,
+        purge_seqno: int = 0,
     ) -> None:
         self.vbucket = vbucket
         self.start = start
@@ -137,8 +161,15 @@ class SnapshotBatch:
     @property
     def offset(self) -> Offset:
         """The position after this snapshot (what committing it stores)."""
-        return Offset(self.vbucket, self.vb_uuid, self.end, self.end, self.end,
-                      self.failover_log, self.purge_seqno)
+        return Offset(
+            self.vbucket,
+            self.vb_uuid,
+            self.end,
+            self.end,
+            self.end,
+            self.failover_log,
+            self.purge_seqno,
+        )
 
     def commit(self) -> Any:
         """Commit this snapshot (and everything before it on this vbucket).
@@ -155,8 +186,10 @@ class SnapshotBatch:
         return iter(self.events)
 
     def __repr__(self) -> str:
-        return (f"SnapshotBatch(vb={self.vbucket}, start={self.start}, end={self.end}, "
-                f"flags=0x{self.flags:02x}, events={len(self.events)})")
+        return (
+            f"SnapshotBatch(vb={self.vbucket}, start={self.start}, end={self.end}, "
+            f"flags=0x{self.flags:02x}, events={len(self.events)})"
+        )
 
 
 class RollbackEvent:
@@ -172,13 +205,26 @@ class RollbackEvent:
         epoch, commit_fn: the delivering client's bookkeeping (module rules).
     """
 
-    __slots__ = ("commit_fn", "epoch", "failover_log", "rollback_seqno", "seqno",
-                 "vb_uuid", "vbucket")
+    __slots__ = (
+        "commit_fn",
+        "epoch",
+        "failover_log",
+        "rollback_seqno",
+        "seqno",
+        "vb_uuid",
+        "vbucket",
+    )
     kind = "rollback"
 
     def __init__(
-        self, vbucket: int, vb_uuid: int, seqno: int, rollback_seqno: int,
-        failover_log: FailoverLog, epoch: int, commit_fn: CommitFn = _not_bound,
+        self,
+        vbucket: int,
+        vb_uuid: int,
+        seqno: int,
+        rollback_seqno: int,
+        failover_log: FailoverLog,
+        epoch: int,
+        commit_fn: CommitFn = _not_bound,
     ) -> None:
         self.vbucket = vbucket
         self.vb_uuid = vb_uuid
@@ -199,5 +245,7 @@ class RollbackEvent:
         return self.commit_fn(self)
 
     def __repr__(self) -> str:
-        return (f"RollbackEvent(vb={self.vbucket}, vb_uuid={self.vb_uuid}, seqno={self.seqno}, "
-                f"rollback_seqno={self.rollback_seqno})")
+        return (
+            f"RollbackEvent(vb={self.vbucket}, vb_uuid={self.vb_uuid}, seqno={self.seqno}, "
+            f"rollback_seqno={self.rollback_seqno})"
+        )

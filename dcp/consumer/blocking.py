@@ -168,11 +168,17 @@ class BlockingDcpClient(_Facade):
             self._ready.clear()
             return [self._bind(x) for x in out]
         items = self._runner.call(
-            lambda: self._client.getmany(timeout=timeout, max_items=max_items))
+            lambda: self._client.getmany(timeout=timeout, max_items=max_items)
+        )
         return [self._bind(x) for x in items]
 
-    def commit(self, items: SnapshotBatch | RollbackEvent
-               | Iterable[SnapshotBatch | RollbackEvent] | None = None) -> bool:
+    def commit(
+        self,
+        items: SnapshotBatch
+        | RollbackEvent
+        | Iterable[SnapshotBatch | RollbackEvent]
+        | None = None,
+    ) -> bool:
         """Commit (see ``DcpClient.commit``); blocks until the offset store has saved."""
         return self._runner.call(self._client.commit, items)
 

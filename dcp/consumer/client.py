@@ -45,9 +45,21 @@ __all__ = ["DcpClient"]
 
 #: What the iterator hands out: batches and rollbacks (raw mode: events as they arrive).
 Delivered = SnapshotBatch | RollbackEvent | Event | SnapshotMarker | StreamEnd
-_STATS_KEYS = ("bytes_received", "items", "batches", "buffer_acks", "noops", "stream_requests",
-               "stream_reopens", "stream_retries", "rollbacks", "connects", "reconnects",
-               "commits", "probes")
+_STATS_KEYS = (
+    "bytes_received",
+    "items",
+    "batches",
+    "buffer_acks",
+    "noops",
+    "stream_requests",
+    "stream_reopens",
+    "stream_retries",
+    "rollbacks",
+    "connects",
+    "reconnects",
+    "commits",
+    "probes",
+)
 
 
 class DcpClient:
@@ -86,7 +98,10 @@ class DcpClient:
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 11210, *,
+        self,
+        host: str = "127.0.0.1",
+        port: int = 11210,
+        *,
         vbuckets: Iterable[int] | None = None,
         start: StartFrom | str = StartFrom.BEGINNING,
         offsets: Mapping[int, Offset] | None = None,
@@ -109,14 +124,27 @@ class DcpClient:
         connector: Connector | None = None,
     ) -> None:
         cfg = settings(
-            host=host, port=port, vbuckets=vbuckets, start=start, offsets=offsets,
-            offset_store=offset_store, name=name, raw=raw, rollback_policy=rollback_policy,
-            buffer_size=buffer_size, ack_ratio=ack_ratio, noop_interval=noop_interval,
-            connect_timeout=connect_timeout, retry_timeout=retry_timeout,
+            host=host,
+            port=port,
+            vbuckets=vbuckets,
+            start=start,
+            offsets=offsets,
+            offset_store=offset_store,
+            name=name,
+            raw=raw,
+            rollback_policy=rollback_policy,
+            buffer_size=buffer_size,
+            ack_ratio=ack_ratio,
+            noop_interval=noop_interval,
+            connect_timeout=connect_timeout,
+            retry_timeout=retry_timeout,
             include_delete_times=include_delete_times,
-            include_expirations=include_expirations, stream_flags=stream_flags,
-            receive_size=receive_size, max_queue_bytes=max_queue_bytes,
-            max_body_size=max_body_size, connector=connector,
+            include_expirations=include_expirations,
+            stream_flags=stream_flags,
+            receive_size=receive_size,
+            max_queue_bytes=max_queue_bytes,
+            max_body_size=max_body_size,
+            connector=connector,
         )
         self._cfg = cfg.connection
         self._store = offset_store
@@ -126,9 +154,18 @@ class DcpClient:
         self._unsaved = False
         self._stats = dict.fromkeys(_STATS_KEYS, 0)
         self._supervisor = Supervisor(
-            cfg.connection, cfg.connector, self._delivery, self._stats, self.commit,
-            vbuckets=cfg.vbuckets, start=cfg.start, explicit=cfg.offsets, to_latest=to_latest,
-            connect_timeout=connect_timeout, retry_timeout=retry_timeout)
+            cfg.connection,
+            cfg.connector,
+            self._delivery,
+            self._stats,
+            self.commit,
+            vbuckets=cfg.vbuckets,
+            start=cfg.start,
+            explicit=cfg.offsets,
+            to_latest=to_latest,
+            connect_timeout=connect_timeout,
+            retry_timeout=retry_timeout,
+        )
         self._ready: deque[Any] = deque()  # raw mode: events of the chunk being iterated
         self._state = "new"
         self._nursery: trio.Nursery | None = None
@@ -192,8 +229,9 @@ class DcpClient:
         except StopAsyncIteration:
             return None
 
-    async def getmany(self, *, timeout: float | None = None,
-                      max_items: int = 10_000) -> list[Delivered]:
+    async def getmany(
+        self, *, timeout: float | None = None, max_items: int = 10_000
+    ) -> list[Delivered]:
         """Everything ready now (at least one item, waiting up to ``timeout`` seconds).
 
         Returns an empty list on timeout or when every stream has finished.
@@ -271,14 +309,22 @@ class DcpClient:
     def _hand_off(self, fc: FlowControl, nbytes: int) -> None:
         n = fc.handed(nbytes)
         conn = self._supervisor.conn
-        if n and conn is not None and conn.fc is fc and self._nursery is not None \
-                and self._state == "running":
+        if (
+            n
+            and conn is not None
+            and conn.fc is fc
+            and self._nursery is not None
+            and self._state == "running"
+        ):
             self._nursery.start_soon(conn.send_ack, n)
 
     # ------------------------------------------------------------------ commits
 
     async def commit(
-        self, items: SnapshotBatch | RollbackEvent | Iterable[SnapshotBatch | RollbackEvent]
+        self,
+        items: SnapshotBatch
+        | RollbackEvent
+        | Iterable[SnapshotBatch | RollbackEvent]
         | None = None,
     ) -> bool:
         """Commit delivered snapshots/rollbacks and save the positions to the offset store.

@@ -53,13 +53,28 @@ class ClientSettings:
 
 
 def settings(
-    *, host: str, port: int, vbuckets: Iterable[int] | None, start: StartFrom | str,
-    offsets: Mapping[int, Offset] | None, offset_store: OffsetStore | None, name: str | None,
-    raw: bool, rollback_policy: RollbackPolicy | str, buffer_size: int, ack_ratio: float,
+    *,
+    host: str,
+    port: int,
+    vbuckets: Iterable[int] | None,
+    start: StartFrom | str,
+    offsets: Mapping[int, Offset] | None,
+    offset_store: OffsetStore | None,
+    name: str | None,
+    raw: bool,
+    rollback_policy: RollbackPolicy | str,
+    buffer_size: int,
+    ack_ratio: float,
     noop_interval: float | None,
-    connect_timeout: float, retry_timeout: float, include_delete_times: bool,
-    include_expirations: bool, stream_flags: int, receive_size: int, max_queue_bytes: int,
-    max_body_size: int, connector: Connector | None,
+    connect_timeout: float,
+    retry_timeout: float,
+    include_delete_times: bool,
+    include_expirations: bool,
+    stream_flags: int,
+    receive_size: int,
+    max_queue_bytes: int,
+    max_body_size: int,
+    connector: Connector | None,
 ) -> ClientSettings:
     """Validate ``DcpClient``'s arguments (raises ``UsageError``)."""
     if connector is None:
@@ -77,8 +92,9 @@ def settings(
     try:
         policy = RollbackPolicy(rollback_policy)
     except ValueError:
-        raise UsageError(f"rollback_policy must be a RollbackPolicy, not "
-                         f"{rollback_policy!r}") from None
+        raise UsageError(
+            f"rollback_policy must be a RollbackPolicy, not {rollback_policy!r}"
+        ) from None
     if offset_store is not None and not isinstance(offset_store, OffsetStore):
         raise UsageError(f"offset_store must be an OffsetStore, not {offset_store!r}")
     if type(buffer_size) is not int or not 0 <= buffer_size <= 0xFFFFFFFF:
@@ -97,11 +113,19 @@ def settings(
     if not 0 < len(name.encode()) <= 200:
         raise UsageError("name must be 1..200 bytes")
     conn = ConnectionConfig(
-        name=name, agent="dcp-consumer/0.1", buffer_size=buffer_size, ack_ratio=ack_ratio,
-        noop_interval=noop_interval, include_delete_times=include_delete_times,
-        include_expirations=include_expirations, stream_flags=int(stream_flags),
-        raw=raw, rollback_policy=policy, retry_timeout=retry_timeout,
-        receive_size=receive_size, max_queue_bytes=max_queue_bytes,
+        name=name,
+        agent="dcp-consumer/0.1",
+        buffer_size=buffer_size,
+        ack_ratio=ack_ratio,
+        noop_interval=noop_interval,
+        include_delete_times=include_delete_times,
+        include_expirations=include_expirations,
+        stream_flags=int(stream_flags),
+        raw=raw,
+        rollback_policy=policy,
+        retry_timeout=retry_timeout,
+        receive_size=receive_size,
+        max_queue_bytes=max_queue_bytes,
         max_body_size=max_body_size,
     )
     return ClientSettings(conn, connector, vbs, start_from, explicit)
@@ -124,8 +148,9 @@ def _check_vbuckets(vbuckets: Iterable[int] | None) -> list[int] | None:
     return sorted(vbs)
 
 
-def _check_offsets(offsets: Mapping[int, Offset] | None,
-                   vbuckets: list[int] | None) -> dict[int, Offset]:
+def _check_offsets(
+    offsets: Mapping[int, Offset] | None, vbuckets: list[int] | None
+) -> dict[int, Offset]:
     if offsets is None:
         return {}
     if not isinstance(offsets, Mapping):

@@ -59,8 +59,13 @@ class DcpConnection:
     """A connected, (soon) handshaken DCP producer connection and its streams."""
 
     def __init__(
-        self, stream: trio.abc.Stream, cfg: ConnectionConfig, delivery: Delivery,
-        commit_fn: CommitFn, retries: dict[int, tuple[float, int]], stats: dict[str, int],
+        self,
+        stream: trio.abc.Stream,
+        cfg: ConnectionConfig,
+        delivery: Delivery,
+        commit_fn: CommitFn,
+        retries: dict[int, tuple[float, int]],
+        stats: dict[str, int],
     ) -> None:
         self.cfg = cfg
         self.session: Session | None = None
@@ -71,8 +76,12 @@ class DcpConnection:
         #: shared by its connections (the reader updates it)
         self.retries = retries
         self.stats = stats
-        self.proto = ClientSession(window=cfg.buffer_size, ack_ratio=cfg.ack_ratio,
-                                   max_body_size=cfg.max_body_size, queue_per_chunk=cfg.raw)
+        self.proto = ClientSession(
+            window=cfg.buffer_size,
+            ack_ratio=cfg.ack_ratio,
+            max_body_size=cfg.max_body_size,
+            queue_per_chunk=cfg.raw,
+        )
         self.fc = self.proto.flow
         self.reader = StreamReader(self)
         #: seconds of read silence before a NOOP probe (None: no dead-connection detection)
@@ -174,7 +183,8 @@ class DcpConnection:
                     data = await receive(size)
                 if data is None:
                     raise DeadConnectionError(
-                        f"nothing received for {2 * probe_after:g}s (2 x noop interval)")
+                        f"nothing received for {2 * probe_after:g}s (2 x noop interval)"
+                    )
         if not data:
             raise ConnectionLostError("the server closed the connection")
         return data
@@ -199,15 +209,16 @@ class DcpConnection:
             flags |= DcpOpenFlag.INCLUDE_DELETE_TIMES
         controls: list[tuple[str, str]] = []
         if cfg.noop_interval:
-            controls += [("enable_noop", "true"),
-                         ("set_noop_interval", f"{cfg.noop_interval:g}")]
+            controls += [("enable_noop", "true"), ("set_noop_interval", f"{cfg.noop_interval:g}")]
         if cfg.buffer_size:
             controls.append(("connection_buffer_size", str(cfg.buffer_size)))
-        controls += [("supports_cursor_dropping", "true"),
-                     ("send_stream_end_on_client_close_stream", "true"),
-                     # this server's extension (protocol_spec/README.md, DCP_CONTROL): a
-                     # disk snapshot whose last item was purged still completes at once
-                     ("send_seqno_advanced", "true")]
+        controls += [
+            ("supports_cursor_dropping", "true"),
+            ("send_stream_end_on_client_close_stream", "true"),
+            # this server's extension (protocol_spec/README.md, DCP_CONTROL): a
+            # disk snapshot whose last item was purged still completes at once
+            ("send_seqno_advanced", "true"),
+        ]
         if cfg.include_expirations:
             controls.append(("enable_expiry_opcode", "true"))
         reqs = []
@@ -321,8 +332,15 @@ class DcpConnection:
         purge = session.purge_seqno(vb)
         value = codec.json_value({"purge_seqno": str(purge)}) if purge else b""
         opaque, data = self.proto.stream_request(
-            vb, flags=self.cfg.stream_flags, start=start, end=end, vb_uuid=uuid,
-            snap_start=ss, snap_end=se, value=value)
+            vb,
+            flags=self.cfg.stream_flags,
+            start=start,
+            end=end,
+            vb_uuid=uuid,
+            snap_start=ss,
+            snap_end=se,
+            value=value,
+        )
         st = StreamBuffer(vb, opaque, epoch, gen, end, uuid, start)
         self._streams[opaque] = st
         self._by_vb[vb] = st

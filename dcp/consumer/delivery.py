@@ -101,8 +101,9 @@ class Delivery:
         """Drop queued batches received on a lost connection (they will be streamed again
         from the committed position, in order)."""
         before = len(self._items)
-        self._items = deque(e for e in self._items
-                            if not (type(e) is SnapshotBatch and e.flow is fc))
+        self._items = deque(
+            e for e in self._items if not (type(e) is SnapshotBatch and e.flow is fc)
+        )
         dropped = before - len(self._items)
         if dropped:
             self.nbytes = sum(getattr(e, "nbytes", 0) for e in self._items)

@@ -85,8 +85,13 @@ class RetryTimeoutError(DcpClientError):
     """
 
     def __init__(
-        self, operation: str, *, vbucket: int | None = None, attempts: int = 0,
-        elapsed: float = 0.0, last_error: BaseException | None = None,
+        self,
+        operation: str,
+        *,
+        vbucket: int | None = None,
+        attempts: int = 0,
+        elapsed: float = 0.0,
+        last_error: BaseException | None = None,
     ) -> None:
         self.operation = operation
         self.vbucket = vbucket

@@ -67,8 +67,13 @@ _Result = Frame | WriteOk | BaseException
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
-KV_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO,
-               HelloFeature.ALT_REQUEST_SUPPORT, HelloFeature.SYNC_REPLICATION]
+KV_FEATURES = [
+    HelloFeature.XERROR,
+    HelloFeature.JSON,
+    HelloFeature.MUTATION_SEQNO,
+    HelloFeature.ALT_REQUEST_SUPPORT,
+    HelloFeature.SYNC_REPLICATION,
+]
 _SET = int(Opcode.SET)
 
 
@@ -83,8 +88,13 @@ class KvClient:
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 11210, *, num_vbuckets: int = 1024,
-        timeout: float = 10.0, connector: Connector | None = None,
+        self,
+        host: str = "127.0.0.1",
+        port: int = 11210,
+        *,
+        num_vbuckets: int = 1024,
+        timeout: float = 10.0,
+        connector: Connector | None = None,
         agent: str = "dcp-kv/0.1",
     ) -> None:
         if connector is None:
@@ -132,8 +142,9 @@ class KvClient:
             except (OSError, trio.TooSlowError, ConnectionLostError) as exc:
                 elapsed = trio.current_time() - start
                 if elapsed + backoff >= self.timeout:
-                    raise RetryTimeoutError("connect", attempts=attempts, elapsed=elapsed,
-                                            last_error=exc) from exc
+                    raise RetryTimeoutError(
+                        "connect", attempts=attempts, elapsed=elapsed, last_error=exc
+                    ) from exc
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
 
@@ -170,8 +181,17 @@ class KvClient:
             conn = KvConnection(stream)
             assert self._nursery is not None
             self._nursery.start_soon(conn.read_loop)
-            (f,) = await conn.roundtrip([Op(Opcode.HELLO, b"", 0, codec.hello(
-                self._agent, [int(x) for x in KV_FEATURES]), True)])
+            (f,) = await conn.roundtrip(
+                [
+                    Op(
+                        Opcode.HELLO,
+                        b"",
+                        0,
+                        codec.hello(self._agent, [int(x) for x in KV_FEATURES]),
+                        True,
+                    )
+                ]
+            )
             if f is None:
                 raise conn.error or ConnectionLostError("HELLO got no answer")
             if isinstance(f, tuple):  # success with an empty value: no features
@@ -225,9 +245,13 @@ class KvClient:
                             results[i] = ConnectionLostError(
                                 f"connection lost before the answer to opcode "
                                 f"0x{ops[i].opcode:02x} for key {ops[i].key!r}: it may or may "
-                                f"not have been applied")
-                    elif (durable and f.status == Status.ETMPFAIL
-                          and HelloFeature.XERROR not in conn.features):
+                                f"not have been applied"
+                            )
+                    elif (
+                        durable
+                        and f.status == Status.ETMPFAIL
+                        and HelloFeature.XERROR not in conn.features
+                    ):
                         # without extended errors the server's deadline answer is ETMPFAIL
                         results[i] = SyncWriteAmbiguous(f.status, f"key {ops[i].key!r}")
                     elif f.status in _RETRIABLE:
@@ -239,9 +263,13 @@ class KvClient:
             if pending:
                 elapsed = trio.current_time() - start
                 if elapsed >= self.timeout:
-                    err = RetryTimeoutError(f"opcode 0x{ops[pending[0]].opcode:02x}",
-                                            vbucket=ops[pending[0]].vbucket, attempts=attempts,
-                                            elapsed=elapsed, last_error=last)
+                    err = RetryTimeoutError(
+                        f"opcode 0x{ops[pending[0]].opcode:02x}",
+                        vbucket=ops[pending[0]].vbucket,
+                        attempts=attempts,
+                        elapsed=elapsed,
+                        last_error=last,
+                    )
                     err.__cause__ = last
                     for i in pending:
                         results[i] = err
@@ -250,19 +278,41 @@ class KvClient:
                 backoff = min(backoff * 2, 0.5)
         return cast(list[_Result], results)  # every slot was filled above
 
-    def _store_op(self, opcode: int, key: str | bytes, value: DocValue, flags: int, expiry: int,
-                  cas: int, durable: bool) -> Op:
+    def _store_op(
+        self,
+        opcode: int,
+        key: str | bytes,
+        value: DocValue,
+        flags: int,
+        expiry: int,
+        cas: int,
+        durable: bool,
+    ) -> Op:
         k = key_bytes(key)
         v, dt = doc_bytes(value)
         vb = vbucket_for_key(k, self.num_vbuckets)
         extras = codec.store_extras(flags, expiry)
         fe = durability_info(self.timeout) if durable else b""
-        return Op(opcode, k, vb, codec.request(
-            opcode, vbucket=vb, cas=cas, datatype=dt, extras=extras, key=k, value=v,
-            framing_extras=fe), opcode == Opcode.SET and cas == 0)
+        return Op(
+            opcode,
+            k,
+            vb,
+            codec.request(
+                opcode,
+                vbucket=vb,
+                cas=cas,
+                datatype=dt,
+                extras=extras,
+                key=k,
+                value=v,
+                framing_extras=fe,
+            ),
+            opcode == Opcode.SET and cas == 0,
+        )
 
-    def _set_ops(self, pairs: Iterable[tuple[str | bytes, DocValue]], flags: int,
-                 expiry: int) -> list[Op]:
+    def _set_ops(
+        self, pairs: Iterable[tuple[str | bytes, DocValue]], flags: int, expiry: int
+    ) -> list[Op]:
         """Plain SETs (no CAS, not durable) for ``set_many``: ``_store_op`` inlined."""
         codec.store_extras(flags, expiry)  # range check once
         nvb = self.num_vbuckets
@@ -279,16 +329,28 @@ class KvClient:
                 v, dt = doc_bytes(value)
             vb = hash_key(k, nvb)
             kl = len(k)
-            append(Op(_SET, k, vb, head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0,
-                                         flags, expiry) + k + v, True))
+            append(
+                Op(
+                    _SET,
+                    k,
+                    vb,
+                    head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0, flags, expiry) + k + v,
+                    True,
+                )
+            )
         return ops
 
     def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> Op:
         k = key_bytes(key)
         vb = vbucket_for_key(k, self.num_vbuckets)
         fe = durability_info(self.timeout) if durable else b""
-        return Op(Opcode.DELETE, k, vb, codec.request(
-            Opcode.DELETE, vbucket=vb, cas=cas, key=k, framing_extras=fe), False)
+        return Op(
+            Opcode.DELETE,
+            k,
+            vb,
+            codec.request(Opcode.DELETE, vbucket=vb, cas=cas, key=k, framing_extras=fe),
+            False,
+        )
 
     @staticmethod
     def _mutation_result(op: Op, r: _Result) -> MutationResult | BaseException:
@@ -314,36 +376,64 @@ class KvClient:
 
     # ------------------------------------------------------------------ public API
 
-    async def set(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
-                  cas: int = 0, durable: bool = False) -> MutationResult:
+    async def set(
+        self,
+        key: str | bytes,
+        value: DocValue,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        cas: int = 0,
+        durable: bool = False,
+    ) -> MutationResult:
         """Create or replace ``key`` (with ``cas``: only if the CAS still matches)."""
         return await self._one_write(
-            self._store_op(Opcode.SET, key, value, flags, expiry, cas, durable), durable)
+            self._store_op(Opcode.SET, key, value, flags, expiry, cas, durable), durable
+        )
 
-    async def add(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
-                  durable: bool = False) -> MutationResult:
+    async def add(
+        self,
+        key: str | bytes,
+        value: DocValue,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        durable: bool = False,
+    ) -> MutationResult:
         """Create ``key``; raises ``KeyExists`` if it exists."""
         return await self._one_write(
-            self._store_op(Opcode.ADD, key, value, flags, expiry, 0, durable), durable)
+            self._store_op(Opcode.ADD, key, value, flags, expiry, 0, durable), durable
+        )
 
-    async def replace(self, key: str | bytes, value: DocValue, *, flags: int = 0, expiry: int = 0,
-                      cas: int = 0, durable: bool = False) -> MutationResult:
+    async def replace(
+        self,
+        key: str | bytes,
+        value: DocValue,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        cas: int = 0,
+        durable: bool = False,
+    ) -> MutationResult:
         """Replace an existing ``key``; raises ``KeyNotFound`` if it does not exist."""
         return await self._one_write(
-            self._store_op(Opcode.REPLACE, key, value, flags, expiry, cas, durable), durable)
+            self._store_op(Opcode.REPLACE, key, value, flags, expiry, cas, durable), durable
+        )
 
-    async def delete(self, key: str | bytes, *, cas: int = 0,
-                     durable: bool = False) -> MutationResult:
+    async def delete(
+        self, key: str | bytes, *, cas: int = 0, durable: bool = False
+    ) -> MutationResult:
         """Delete ``key``; raises ``KeyNotFound`` if it does not exist."""
         return await self._one_write(self._delete_op(key, cas, durable), durable)
 
     async def get(self, key: str | bytes) -> GetResult:
         """Read ``key``; raises ``KeyNotFound`` if it does not exist."""
-        res = (await self.get_many([key], missing_ok=False))
+        res = await self.get_many([key], missing_ok=False)
         return next(iter(res.values()))
 
-    async def get_many(self, keys: Iterable[str | bytes], *,
-                       missing_ok: bool = True) -> dict[bytes, GetResult]:
+    async def get_many(
+        self, keys: Iterable[str | bytes], *, missing_ok: bool = True
+    ) -> dict[bytes, GetResult]:
         """Read many keys in one pipelined batch; missing keys are left out."""
         ops: list[Op] = []
         for key in keys:
@@ -366,8 +456,12 @@ class KvClient:
         return out
 
     async def set_many(
-        self, items: KvItems, *, flags: int = 0,
-        expiry: int = 0, durable: bool = False,
+        self,
+        items: KvItems,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        durable: bool = False,
     ) -> list[MutationResult]:
         """Write many documents in one pipelined batch (one buffer, one ``send_all``).
 
@@ -384,17 +478,19 @@ class KvClient:
             ops = self._set_ops(pairs, flags, expiry)
         return await self._write_many(ops, durable)
 
-    async def delete_many(self, keys: Iterable[str | bytes], *,
-                          durable: bool = False) -> list[MutationResult]:
+    async def delete_many(
+        self, keys: Iterable[str | bytes], *, durable: bool = False
+    ) -> list[MutationResult]:
         """Delete many keys in one pipelined batch (see ``set_many`` for errors)."""
         return await self._write_many([self._delete_op(k, 0, durable) for k in keys], durable)
 
     async def _write_many(self, ops: list[Op], durable: bool = False) -> list[MutationResult]:
         if not ops:
             return []
-        results = [self._mutation_result(op, r)
-                   for op, r in zip(ops, await self._execute(ops, durable), strict=True)]
+        results = [
+            self._mutation_result(op, r)
+            for op, r in zip(ops, await self._execute(ops, durable), strict=True)
+        ]
         if any(isinstance(r, BaseException) for r in results):
             raise BatchWriteError(results)
         return cast(list[MutationResult], results)  # no exception among them (checked)
-

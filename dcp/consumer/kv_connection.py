@@ -40,8 +40,9 @@ class Op:
 
     __slots__ = ("frame", "key", "opcode", "safe_to_repeat", "vbucket")
 
-    def __init__(self, opcode: int, key: bytes, vbucket: int, frame: bytes,
-                 safe_to_repeat: bool) -> None:
+    def __init__(
+        self, opcode: int, key: bytes, vbucket: int, frame: bytes, safe_to_repeat: bool
+    ) -> None:
         self.opcode = opcode
         self.key = key
         self.vbucket = vbucket
@@ -96,8 +97,11 @@ class KvConnection:
                         if batch.remaining == 0:
                             batch.event.set()
         except Exception as exc:
-            self.fail(exc if isinstance(exc, ConnectionLostError)
-                      else ConnectionLostError(f"connection failed: {exc!r}"))
+            self.fail(
+                exc
+                if isinstance(exc, ConnectionLostError)
+                else ConnectionLostError(f"connection failed: {exc!r}")
+            )
         finally:
             await trio.aclose_forcefully(self.stream)
 

@@ -37,8 +37,7 @@ __all__ = [
 #: A document: bytes and str are stored as they are, dict and list as JSON.
 DocValue = bytes | bytearray | memoryview | str | dict[str, Any] | list[Any]
 #: What ``set_many`` writes: a mapping key -> document, or (key, document) pairs.
-KvItems = (Mapping[str, DocValue] | Mapping[bytes, DocValue]
-           | Iterable[tuple[str | bytes, DocValue]])
+KvItems = Mapping[str, DocValue] | Mapping[bytes, DocValue] | Iterable[tuple[str | bytes, DocValue]]
 
 #: Where the u16 timeout of a durable request lies: its framing extras come right after
 #: the header and start with the durability frame info (1 byte id/length, 1 byte level).
@@ -78,13 +77,14 @@ def durability_timeout_ms(seconds_left: float) -> int:
 
 def durability_info(seconds_left: float) -> bytes:
     """The framing extras of a durable write: PERSIST_TO_MAJORITY with a timeout."""
-    return codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY,
-                                       durability_timeout_ms(seconds_left))
+    return codec.durability_frame_info(
+        DurabilityLevel.PERSIST_TO_MAJORITY, durability_timeout_ms(seconds_left)
+    )
 
 
 def with_durability_timeout(frame: bytes, ms: int) -> bytes:
     """``frame`` (a request encoded with ``durability_info``) with its timeout set to ``ms``."""
-    return frame[:DURABILITY_AT] + ms.to_bytes(2, "big") + frame[DURABILITY_AT + 2:]
+    return frame[:DURABILITY_AT] + ms.to_bytes(2, "big") + frame[DURABILITY_AT + 2 :]
 
 
 def get_request(vb: int, key: bytes) -> bytes:

@@ -96,8 +96,11 @@ class Offset:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "vb_uuid": self.vb_uuid, "seqno": self.seqno, "snap_start": self.snap_start,
-            "snap_end": self.snap_end, "purge_seqno": self.purge_seqno,
+            "vb_uuid": self.vb_uuid,
+            "seqno": self.seqno,
+            "snap_start": self.snap_start,
+            "snap_end": self.snap_end,
+            "purge_seqno": self.purge_seqno,
             "failover_log": [[u, s] for u, s in self.failover_log],
         }
 
@@ -108,8 +111,13 @@ class Offset:
         try:
             log = tuple((u, s) for u, s in obj.get("failover_log", ()))
             return cls(
-                vbucket, obj.get("vb_uuid", 0), obj["seqno"], obj.get("snap_start"),
-                obj.get("snap_end"), log, obj.get("purge_seqno", 0),
+                vbucket,
+                obj.get("vb_uuid", 0),
+                obj["seqno"],
+                obj.get("snap_start"),
+                obj.get("snap_end"),
+                log,
+                obj.get("purge_seqno", 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, InvalidOffsetError):

@@ -78,8 +78,10 @@ class MemoryOffsetStore(OffsetStore):
 
 
 def encode_offsets(offsets: Mapping[int, Offset]) -> bytes:
-    doc = {"v": FORMAT_VERSION,
-           "vbuckets": {str(vb): offsets[vb].to_json() for vb in sorted(offsets)}}
+    doc = {
+        "v": FORMAT_VERSION,
+        "vbuckets": {str(vb): offsets[vb].to_json() for vb in sorted(offsets)},
+    }
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -89,10 +91,10 @@ def decode_offsets(data: bytes, source: str = "offsets") -> dict[int, Offset]:
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidOffsetError(f"{source}: not valid JSON: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION:
-        raise InvalidOffsetError(f"{source}: expected an object with \"v\": {FORMAT_VERSION}")
+        raise InvalidOffsetError(f'{source}: expected an object with "v": {FORMAT_VERSION}')
     vbs = doc.get("vbuckets")
     if not isinstance(vbs, dict):
-        raise InvalidOffsetError(f"{source}: \"vbuckets\" must be an object")
+        raise InvalidOffsetError(f'{source}: "vbuckets" must be an object')
     out: dict[int, Offset] = {}
     for key, obj in vbs.items():
         try:

@@ -38,9 +38,23 @@ class VbPosition:
     """State of one vbucket (mutable; owned by ``Session``)."""
 
     __slots__ = (
-        "c_epoch", "c_log", "c_purge", "c_seqno", "c_snap_end", "c_snap_start", "done",
-        "end_seqno", "epoch", "gen", "r_log", "r_purge", "r_seqno", "r_snap_end",
-        "r_snap_start", "tip", "vbucket",
+        "c_epoch",
+        "c_log",
+        "c_purge",
+        "c_seqno",
+        "c_snap_end",
+        "c_snap_start",
+        "done",
+        "end_seqno",
+        "epoch",
+        "gen",
+        "r_log",
+        "r_purge",
+        "r_seqno",
+        "r_snap_end",
+        "r_snap_start",
+        "tip",
+        "vbucket",
     )
 
     def __init__(self, offset: Offset) -> None:
@@ -71,12 +85,21 @@ class VbPosition:
     def committed_offset(self) -> Offset:
         log = tuple(e for e in self.c_log if e[1] != SEQNO_MAX) if self.c_log else ()
         uuid = self.c_log[0][0] if self.c_log else 0
-        return Offset(self.vbucket, uuid, self.c_seqno, self.c_snap_start, self.c_snap_end,
-                      log if log and log[0][0] == uuid else (), self.c_purge)
+        return Offset(
+            self.vbucket,
+            uuid,
+            self.c_seqno,
+            self.c_snap_start,
+            self.c_snap_end,
+            log if log and log[0][0] == uuid else (),
+            self.c_purge,
+        )
 
     def __repr__(self) -> str:
-        return (f"VbPosition(vb={self.vbucket}, committed={self.c_seqno}, resume={self.r_seqno}, "
-                f"epoch={self.epoch}, gen={self.gen}, done={self.done})")
+        return (
+            f"VbPosition(vb={self.vbucket}, committed={self.c_seqno}, resume={self.r_seqno}, "
+            f"epoch={self.epoch}, gen={self.gen}, done={self.done})"
+        )
 
 
 class Session:

@@ -94,10 +94,14 @@ class StreamReader:
         #: where this chunk's events go (``_out`` or, in raw mode, ``_raw_out``)
         self._emit: Callable[[Any], None] = self._out.append
         self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.Items: self._items, ev.SnapshotDone: self._snapshot_done,
-            ev.Marker: self._marker, ev.SeqnoAdvanced: _ignore,
-            ev.StreamEnded: self._stream_ended, ev.StreamOpened: self._stream_opened,
-            ev.StreamRollback: self._stream_rollback, ev.StreamRefused: self._stream_refused,
+            ev.Items: self._items,
+            ev.SnapshotDone: self._snapshot_done,
+            ev.Marker: self._marker,
+            ev.SeqnoAdvanced: _ignore,
+            ev.StreamEnded: self._stream_ended,
+            ev.StreamOpened: self._stream_opened,
+            ev.StreamRollback: self._stream_rollback,
+            ev.StreamRefused: self._stream_refused,
             ev.Answer: self._answer,
         }
 
@@ -191,8 +195,7 @@ class StreamReader:
             session[st.vbucket].done = True
             conn.check_all_done()
         elif reason in _FATAL_END:
-            raise StreamError(st.vbucket, reason,
-                              f"stream ended: {StreamEndStatus(reason).name}")
+            raise StreamError(st.vbucket, reason, f"stream ended: {StreamEndStatus(reason).name}")
         else:
             st.discard()
             conn.stats["stream_reopens"] += 1
@@ -237,15 +240,24 @@ class StreamReader:
             since, attempts = conn.retries.get(vb, (now, 0))
             attempts += 1
             if now - since >= conn.cfg.retry_timeout:
-                raise RetryTimeoutError("stream request", vbucket=vb, attempts=attempts,
-                                        elapsed=now - since, last_error=err) from err
+                raise RetryTimeoutError(
+                    "stream request",
+                    vbucket=vb,
+                    attempts=attempts,
+                    elapsed=now - since,
+                    last_error=err,
+                ) from err
             conn.retries[vb] = (since, attempts)
             conn.stats["stream_retries"] += 1
             conn.schedule_open(vb, min(0.05 * 2 ** (attempts - 1), 2.0))
             return
-        raise StreamError(vb, status, f"stream request refused ({err}); asked start="
-                                      f"{st.asked_seqno} end={st.end_seqno} vb_uuid="
-                                      f"{st.asked_uuid}")
+        raise StreamError(
+            vb,
+            status,
+            f"stream request refused ({err}); asked start="
+            f"{st.asked_seqno} end={st.end_seqno} vb_uuid="
+            f"{st.asked_uuid}",
+        )
 
     def _answer(self, e: ev.Answer) -> None:
         self.conn.answered(e.opaque, e.result)

@@ -38,13 +38,31 @@ class StreamBuffer:
     """One vbucket stream on one connection, and its snapshot in progress."""
 
     __slots__ = (
-        "asked_seqno", "asked_uuid", "end", "end_seqno", "epoch", "flags", "gen", "items",
-        "log", "opaque", "purge_seqno", "start", "state", "vbucket",
+        "asked_seqno",
+        "asked_uuid",
+        "end",
+        "end_seqno",
+        "epoch",
+        "flags",
+        "gen",
+        "items",
+        "log",
+        "opaque",
+        "purge_seqno",
+        "start",
+        "state",
+        "vbucket",
     )
 
     def __init__(
-        self, vbucket: int, opaque: int, epoch: int, gen: int, end_seqno: int,
-        asked_uuid: int, asked_seqno: int,
+        self,
+        vbucket: int,
+        opaque: int,
+        epoch: int,
+        gen: int,
+        end_seqno: int,
+        asked_uuid: int,
+        asked_seqno: int,
     ) -> None:
         self.vbucket = vbucket
         self.opaque = opaque
@@ -72,8 +90,18 @@ class StreamBuffer:
     def complete(self, nbytes: int, fc: FlowControl, commit_fn: CommitFn) -> SnapshotBatch:
         """The snapshot is whole (its ``nbytes`` are queued in ``fc``): build its batch."""
         batch = SnapshotBatch(
-            self.vbucket, self.start, self.end, self.flags, self.items, nbytes, self.log,
-            self.epoch, self.gen, fc, commit_fn, self.purge_seqno,
+            self.vbucket,
+            self.start,
+            self.end,
+            self.flags,
+            self.items,
+            nbytes,
+            self.log,
+            self.epoch,
+            self.gen,
+            fc,
+            commit_fn,
+            self.purge_seqno,
         )
         self.items = []
         return batch
@@ -83,5 +111,7 @@ class StreamBuffer:
         self.items = []
 
     def __repr__(self) -> str:
-        return (f"StreamBuffer(vb={self.vbucket}, opaque={self.opaque}, state={self.state.name}, "
-                f"snapshot=[{self.start},{self.end}] items={len(self.items)})")
+        return (
+            f"StreamBuffer(vb={self.vbucket}, opaque={self.opaque}, state={self.state.name}, "
+            f"snapshot=[{self.start},{self.end}] items={len(self.items)})"
+        )

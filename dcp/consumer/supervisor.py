@@ -40,8 +40,17 @@ def is_transient(exc: BaseException) -> bool:
     """Whether reconnecting may help (a lost or refused connection, a retriable status)."""
     if isinstance(exc, StatusError):
         return exc.retriable
-    return isinstance(exc, (TransientError, OSError, trio.TooSlowError, trio.BrokenResourceError,
-                            trio.ClosedResourceError, RemoteProtocolError))
+    return isinstance(
+        exc,
+        (
+            TransientError,
+            OSError,
+            trio.TooSlowError,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            RemoteProtocolError,
+        ),
+    )
 
 
 class Supervisor:
@@ -51,10 +60,19 @@ class Supervisor:
     MAX_BACKOFF = 5.0
 
     def __init__(
-        self, cfg: ConnectionConfig, connector: Connector, delivery: Delivery,
-        stats: dict[str, int], commit_fn: CommitFn, *, vbuckets: list[int] | None,
-        start: StartFrom, explicit: dict[int, Offset], to_latest: bool,
-        connect_timeout: float, retry_timeout: float,
+        self,
+        cfg: ConnectionConfig,
+        connector: Connector,
+        delivery: Delivery,
+        stats: dict[str, int],
+        commit_fn: CommitFn,
+        *,
+        vbuckets: list[int] | None,
+        start: StartFrom,
+        explicit: dict[int, Offset],
+        to_latest: bool,
+        connect_timeout: float,
+        retry_timeout: float,
     ) -> None:
         self.cfg = cfg
         self.connector = connector
@@ -103,8 +121,9 @@ class Supervisor:
                     failing_since = now
                 attempts += 1
                 if now - failing_since >= self.retry_timeout:
-                    err = RetryTimeoutError("connect", attempts=attempts,
-                                            elapsed=now - failing_since, last_error=exc)
+                    err = RetryTimeoutError(
+                        "connect", attempts=attempts, elapsed=now - failing_since, last_error=exc
+                    )
                     err.__cause__ = exc
                     self.delivery.fail(err)
                     return
@@ -116,8 +135,9 @@ class Supervisor:
         with trio.fail_after(self.connect_timeout):
             stream = await self.connector()
         self.stats["connects"] += 1
-        conn = DcpConnection(stream, self.cfg, self.delivery, self.commit_fn, self.retries,
-                             self.stats)
+        conn = DcpConnection(
+            stream, self.cfg, self.delivery, self.commit_fn, self.retries, self.stats
+        )
         holder.append(conn)
         self.conn = conn
         try:
@@ -147,8 +167,7 @@ class Supervisor:
 
     async def _resolve(self, conn: DcpConnection) -> None:
         """First connection: fix every vbucket's start position (and end, to_latest)."""
-        need_seqnos = (self.vbuckets is None or self.start is StartFrom.NOW
-                       or self.to_latest)
+        need_seqnos = self.vbuckets is None or self.start is StartFrom.NOW or self.to_latest
         high: dict[int, int] = {}
         if need_seqnos:
             high = dict(await conn.get_all_vb_seqnos())

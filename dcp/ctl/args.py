@@ -26,7 +26,8 @@ def vb_list(text: str) -> list[int]:
             out.extend(range(first, last + 1))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a vbucket list (like 3 or 0,2,5-7)") from None
+            f"{text!r} is not a vbucket list (like 3 or 0,2,5-7)"
+        ) from None
     return sorted(set(out))
 
 
@@ -40,8 +41,7 @@ def vb_id(text: str) -> int:
     return vb
 
 
-def check_vbuckets(wanted: list[int] | None, count: int,
-                   where: str = "the server") -> list[int]:
+def check_vbuckets(wanted: list[int] | None, count: int, where: str = "the server") -> list[int]:
     """``wanted`` (None: all of ``0..count-1``), refusing ids the store or server lacks."""
     if wanted is None:
         return list(range(count))

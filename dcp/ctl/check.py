@@ -50,25 +50,33 @@ def _check_state(rec: VBStateRecord) -> list[str]:
         p.append("failover log has a repeated vb_uuid")
     for i in range(len(log) - 1):
         if log[i][1] < log[i + 1][1]:
-            p.append(f"failover log not newest first: entry {i} at seqno {log[i][1]} is "
-                     f"older than entry {i + 1} at seqno {log[i + 1][1]}")
+            p.append(
+                f"failover log not newest first: entry {i} at seqno {log[i][1]} is "
+                f"older than entry {i + 1} at seqno {log[i + 1][1]}"
+            )
             break
     if log and log[0][1] > rec.high_seqno:
-        p.append(f"newest failover entry at seqno {log[0][1]} is above the persisted high "
-                 f"seqno {rec.high_seqno}")
+        p.append(
+            f"newest failover entry at seqno {log[0][1]} is above the persisted high "
+            f"seqno {rec.high_seqno}"
+        )
     if not rec.snap_start <= rec.snap_end <= rec.high_seqno:
-        p.append(f"persisted snapshot {rec.snap_start}..{rec.snap_end} does not end at or "
-                 f"below the high seqno {rec.high_seqno}")
+        p.append(
+            f"persisted snapshot {rec.snap_start}..{rec.snap_end} does not end at or "
+            f"below the high seqno {rec.high_seqno}"
+        )
     if rec.purge_seqno > rec.high_seqno:
         p.append(f"purge seqno {rec.purge_seqno} is above the high seqno {rec.high_seqno}")
     if rec.history_start > rec.high_seqno + 1:
-        p.append(f"history start {rec.history_start} is above high seqno + 1 "
-                 f"({rec.high_seqno + 1})")
+        p.append(
+            f"history start {rec.history_start} is above high seqno + 1 ({rec.high_seqno + 1})"
+        )
     return p
 
 
-def _check_records(snap: Snapshot, vb: int, rec: VBStateRecord | None,
-                   p: list[str]) -> tuple[int, int]:
+def _check_records(
+    snap: Snapshot, vb: int, rec: VBStateRecord | None, p: list[str]
+) -> tuple[int, int]:
     """Scan ``vb``'s records into ``p``; returns (records, superseded versions)."""
     last = 0
     n = 0
@@ -90,11 +98,14 @@ def _check_records(snap: Snapshot, vb: int, rec: VBStateRecord | None,
             if r.op not in _OPS:
                 p.append(f"record at seqno {s} has unknown op 0x{r.op:02x}")
             if not record_intact(r.raw):
-                p.append(f"record at seqno {s} (key {r.key[:64]!r}) fails its checksum: "
-                         "its bytes changed on disk after they were written")
+                p.append(
+                    f"record at seqno {s} (key {r.key[:64]!r}) fails its checksum: "
+                    "its bytes changed on disk after they were written"
+                )
             if not r.key_len or len(r.key) != r.key_len:
-                p.append(f"record at seqno {s} has a key of {r.key_len} bytes but holds "
-                         f"{len(r.key)}")
+                p.append(
+                    f"record at seqno {s} has a key of {r.key_len} bytes but holds {len(r.key)}"
+                )
             else:
                 try:
                     decode_item(vb, r.raw)
@@ -104,16 +115,19 @@ def _check_records(snap: Snapshot, vb: int, rec: VBStateRecord | None,
             if prev is not None:
                 superseded += 1
                 if r.rev_seqno <= prev[1]:
-                    p.append(f"key {r.key!r}: version at seqno {s} has rev seqno "
-                             f"{r.rev_seqno}, not above {prev[1]} of seqno {prev[0]}")
+                    p.append(
+                        f"key {r.key!r}: version at seqno {s} has rev seqno "
+                        f"{r.rev_seqno}, not above {prev[1]} of seqno {prev[0]}"
+                    )
             newest[r.key] = (s, r.rev_seqno)
             if max_cas and r.cas > max_cas:
                 cas_over += 1
     except DamagedRecord as exc:
         p.append(str(exc).split(": ", 1)[-1])  # without the "vbucket N: " prefix
     if rec is not None and last > rec.high_seqno:
-        p.append(f"records up to seqno {last} on disk, but the persisted high seqno is "
-                 f"{rec.high_seqno}")
+        p.append(
+            f"records up to seqno {last} on disk, but the persisted high seqno is {rec.high_seqno}"
+        )
     if cas_over:
         p.append(f"{cas_over} records have a CAS above the persisted max CAS {max_cas}")
     return n, superseded
@@ -145,14 +159,25 @@ def check_store(store: OfflineStore, vbs: list[int], bar: Any) -> dict[str, Any]
     notes: list[str] = []
     for key in sorted(states):
         if key < 0:
-            problems.append({"vbucket": None, "problem": f"vbstate key {states[key]!r} is not "
-                             "a 2-byte vbucket id"})
+            problems.append(
+                {
+                    "vbucket": None,
+                    "problem": f"vbstate key {states[key]!r} is not a 2-byte vbucket id",
+                }
+            )
         elif key >= store.num_vbuckets:
-            problems.append({"vbucket": key, "problem": f"state record for vbucket {key}, "
-                             f"but the data dir has {store.num_vbuckets}"})
+            problems.append(
+                {
+                    "vbucket": key,
+                    "problem": f"state record for vbucket {key}, "
+                    f"but the data dir has {store.num_vbuckets}",
+                }
+            )
     if not store.clean_shutdown:
-        notes.append("no clean-shutdown marker: the server is running, or it stopped "
-                     "uncleanly (the next start adds failover entries)")
+        notes.append(
+            "no clean-shutdown marker: the server is running, or it stopped "
+            "uncleanly (the next start adds failover entries)"
+        )
     records = 0
     for vb in vbs:
         with store.read() as snap:
@@ -161,11 +186,20 @@ def check_store(store: OfflineStore, vbs: list[int], bar: Any) -> dict[str, Any]
         for text in res["problems"][:MAX_PER_VBUCKET]:
             problems.append({"vbucket": vb, "problem": text})
         if len(res["problems"]) > MAX_PER_VBUCKET:
-            problems.append({"vbucket": vb, "problem": f"... and "
-                             f"{len(res['problems']) - MAX_PER_VBUCKET} more problems"})
+            problems.append(
+                {
+                    "vbucket": vb,
+                    "problem": f"... and {len(res['problems']) - MAX_PER_VBUCKET} more problems",
+                }
+            )
         if res["superseded"]:
-            notes.append(f"vb {vb}: {res['superseded']} superseded versions kept "
-                         "(history window)")
+            notes.append(f"vb {vb}: {res['superseded']} superseded versions kept (history window)")
         bar.advance()
-    return {"ok": not problems, "data_dir": str(store.path), "vbuckets_checked": len(vbs),
-            "records_checked": records, "problems": problems, "notes": notes}
+    return {
+        "ok": not problems,
+        "data_dir": str(store.path),
+        "vbuckets_checked": len(vbs),
+        "records_checked": records,
+        "problems": problems,
+        "notes": notes,
+    }

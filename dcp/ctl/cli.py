@@ -40,23 +40,43 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _output_options(p: argparse.ArgumentParser, top: bool) -> None:
-    p.add_argument("--json", action="store_true", default=False if top else _S,
-                   help="machine-readable output (JSON; JSON Lines for tail and dump)")
-    p.add_argument("--no-progress", action="store_true", default=False if top else _S,
-                   help="never draw a progress bar")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        default=False if top else _S,
+        help="machine-readable output (JSON; JSON Lines for tail and dump)",
+    )
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        default=False if top else _S,
+        help="never draw a progress bar",
+    )
 
 
 def _server_options(p: argparse.ArgumentParser, top: bool) -> None:
-    p.add_argument("--host", default=os.environ.get("DCP_HOST", "127.0.0.1") if top else _S,
-                   help="server address (default 127.0.0.1, env DCP_HOST)")
-    p.add_argument("--port", type=int, default=_env_int("DCP_PORT", 11210) if top else _S,
-                   help="server port (default 11210, env DCP_PORT)")
-    p.add_argument("--timeout", type=float, default=10.0 if top else _S,
-                   help="seconds to connect and get an answer (default 10)")
+    p.add_argument(
+        "--host",
+        default=os.environ.get("DCP_HOST", "127.0.0.1") if top else _S,
+        help="server address (default 127.0.0.1, env DCP_HOST)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=_env_int("DCP_PORT", 11210) if top else _S,
+        help="server port (default 11210, env DCP_PORT)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0 if top else _S,
+        help="seconds to connect and get an answer (default 10)",
+    )
 
 
-def _command(sub: Any, name: str, fn: str, help_: str,
-             live: bool = True) -> argparse.ArgumentParser:
+def _command(
+    sub: Any, name: str, fn: str, help_: str, live: bool = True
+) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_, description=help_)
     if live:
         _server_options(p, False)
@@ -71,39 +91,58 @@ _INSPECT = "inspect_cmds:cmd_inspect"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dcpctl",
-        description="Inspect a DCP server: live over its port, or its data directory offline.")
+        description="Inspect a DCP server: live over its port, or its data directory offline.",
+    )
     _server_options(parser, True)
     _output_options(parser, True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = _command(sub, "vbuckets", "live:cmd_vbuckets",
-                 "per-vbucket state, seqnos, memory, streams")
+    p = _command(sub, "vbuckets", "live:cmd_vbuckets", "per-vbucket state, seqnos, memory, streams")
     p.add_argument("--vb", type=vb_list, help="only these vbuckets (3 or 0,2,5-7)")
     p.add_argument("--active", action="store_true", help="only active vbuckets")
-    p = _command(sub, "failover-log", "live:cmd_failover_log",
-                 "a vbucket's failover log, newest first")
+    p = _command(
+        sub, "failover-log", "live:cmd_failover_log", "a vbucket's failover log, newest first"
+    )
     p.add_argument("vbucket", type=vb_id)
-    p = _command(sub, "checkpoints", "live:cmd_checkpoints",
-                 "a vbucket's checkpoints, cursors and dropped cursors")
+    p = _command(
+        sub,
+        "checkpoints",
+        "live:cmd_checkpoints",
+        "a vbucket's checkpoints, cursors and dropped cursors",
+    )
     p.add_argument("vbucket", type=vb_id)
     p = _command(sub, "connections", "streams:cmd_connections", "DCP connections")
     p.add_argument("--name", help="only the connection with this DCP name")
-    p = _command(sub, "streams", "streams:cmd_streams",
-                 "DCP streams with phase, lag and flow control")
+    p = _command(
+        sub, "streams", "streams:cmd_streams", "DCP streams with phase, lag and flow control"
+    )
     p.add_argument("--vb", type=vb_list, help="only streams of these vbuckets")
     p.add_argument("--name", help="only streams of this DCP connection name")
     p = _command(sub, "stats", "live:cmd_stats", "raw STAT output of a group")
-    p.add_argument("group", nargs="*", default=[],
-                   help='group and argument, e.g. "vbucket-seqno 3" (default: general)')
+    p.add_argument(
+        "group",
+        nargs="*",
+        default=[],
+        help='group and argument, e.g. "vbucket-seqno 3" (default: general)',
+    )
     p = _command(sub, "tail", "tail:cmd_tail", "a live feed of snapshot markers and changes")
     p.add_argument("--vb", type=vb_list, help="only these vbuckets (default: all)")
-    p.add_argument("--from", dest="start", choices=["beginning", "now"], default="now",
-                   help="start at seqno 0 or at the current high seqnos (default now)")
-    p.add_argument("--to-latest", action="store_true",
-                   help="stop once every vbucket reached its high seqno at the start")
+    p.add_argument(
+        "--from",
+        dest="start",
+        choices=["beginning", "now"],
+        default="now",
+        help="start at seqno 0 or at the current high seqnos (default now)",
+    )
+    p.add_argument(
+        "--to-latest",
+        action="store_true",
+        help="stop once every vbucket reached its high seqno at the start",
+    )
     p.add_argument("--limit", type=int, default=0, help="stop after this many changes")
-    p.add_argument("--value-width", type=int, default=60,
-                   help="characters of each value to show (0: all)")
+    p.add_argument(
+        "--value-width", type=int, default=60, help="characters of each value to show (0: all)"
+    )
     p = _command(sub, "get", "kv:cmd_get", "read a document")
     p.add_argument("key")
     p = _command(sub, "set", "kv:cmd_set", "write a document")
@@ -116,18 +155,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("key")
     p.add_argument("--durable", action="store_true", help="answer once persisted")
     p = _command(sub, "metrics", "metrics:cmd_metrics", "the server's Prometheus metrics")
-    p.add_argument("--metrics-port", type=int, default=_env_int("DCP_METRICS_PORT", 0),
-                   help="the server's --metrics-port (env DCP_METRICS_PORT)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=_env_int("DCP_METRICS_PORT", 0),
+        help="the server's --metrics-port (env DCP_METRICS_PORT)",
+    )
     p.add_argument("--grep", help="only metrics whose name contains this")
     p.add_argument("--raw", action="store_true", help="print the exposition text as is")
 
-    p = _command(sub, "inspect", _INSPECT,
-                 "read a data directory offline (read-only; safe while the server runs)",
-                 live=False)
+    p = _command(
+        sub,
+        "inspect",
+        _INSPECT,
+        "read a data directory offline (read-only; safe while the server runs)",
+        live=False,
+    )
     p.add_argument("data_dir", help="the server's --data-dir")
     views = p.add_subparsers(dest="view", metavar="VIEW")
-    v = _command(views, "vbuckets", _INSPECT,
-                 "persisted vbucket states and item counts (default)", live=False)
+    v = _command(
+        views,
+        "vbuckets",
+        _INSPECT,
+        "persisted vbucket states and item counts (default)",
+        live=False,
+    )
     v.add_argument("--vb", type=vb_list)
     v.add_argument("--active", action="store_true")
     v = _command(views, "failover-log", _INSPECT, "a persisted failover log", live=False)
@@ -138,12 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--to", dest="end", type=int, default=None, help="last seqno")
     v.add_argument("--limit", type=int, default=0, help="at most this many items")
     v.add_argument("--value-width", type=int, default=60)
-    v = _command(views, "history", _INSPECT,
-                 "superseded versions kept by the history window", live=False)
+    v = _command(
+        views, "history", _INSPECT, "superseded versions kept by the history window", live=False
+    )
     v.add_argument("vbucket", type=vb_id)
     v.add_argument("--limit", type=int, default=0)
-    v = _command(views, "check", _INSPECT, "consistency check; exits 1 on problems",
-                 live=False)
+    v = _command(views, "check", _INSPECT, "consistency check; exits 1 on problems", live=False)
     v.add_argument("--vb", type=vb_list)
     return parser
 
@@ -190,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if os.environ.get("DCPCTL_DEBUG"):
             traceback.print_exc()
-        print(f"dcpctl: internal error: {exc!r} (DCPCTL_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
+        print(
+            f"dcpctl: internal error: {exc!r} (DCPCTL_DEBUG=1 shows the traceback)", file=sys.stderr
+        )
         return 70
 
 

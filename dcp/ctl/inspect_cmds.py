@@ -43,6 +43,7 @@ def _state_name(state: int) -> str:
 
 # ---------------------------------------------------------------------- vbuckets
 
+
 def _vb_summary(snap: Snapshot, vb: int) -> dict[str, Any]:
     rec = snap.state(vb)
     newest: dict[bytes, int] = {}
@@ -54,16 +55,22 @@ def _vb_summary(snap: Snapshot, vb: int) -> dict[str, Any]:
         newest[r.key] = r.op
     live = sum(1 for op in newest.values() if op == _MUTATION)
     return {
-        "vbucket": vb, "state": _state_name(rec.state) if rec else None,
+        "vbucket": vb,
+        "state": _state_name(rec.state) if rec else None,
         "vb_uuid": rec.failover[0][0] if rec and rec.failover else None,
         "failover_entries": len(rec.failover) if rec else 0,
         "high_seqno": rec.high_seqno if rec else None,
-        "snap_start": rec.snap_start if rec else None, "snap_end": rec.snap_end if rec else None,
+        "snap_start": rec.snap_start if rec else None,
+        "snap_end": rec.snap_end if rec else None,
         "purge_seqno": rec.purge_seqno if rec else None,
         "history_start": rec.history_start if rec else None,
         "max_cas": rec.max_cas if rec else None,
-        "records": records, "live_items": live, "tombstones": len(newest) - live,
-        "superseded": records - len(newest), "min_seqno": lo, "max_seqno": hi,
+        "records": records,
+        "live_items": live,
+        "tombstones": len(newest) - live,
+        "superseded": records - len(newest),
+        "min_seqno": lo,
+        "max_seqno": hi,
     }
 
 
@@ -78,30 +85,84 @@ def _vbuckets(store: OfflineStore, args: argparse.Namespace, out: Output) -> int
             if args.active and row["state"] != "active":
                 continue
             rows.append(row)
-    totals = {k: sum(r[k] or 0 for r in rows)
-              for k in ("high_seqno", "records", "live_items", "tombstones", "superseded")}
+    totals = {
+        k: sum(r[k] or 0 for r in rows)
+        for k in ("high_seqno", "records", "live_items", "tombstones", "superseded")
+    }
     env = describe_env(store)
     if out.json_mode:
         out.json({"data_dir": env, "vbuckets": rows, "totals": totals})
         return 0
-    out.line(f"{env['path']}: format {env['format']}, {env['num_vbuckets']} vbuckets, "
-             f"{env['file_bytes']} bytes, clean shutdown marker: "
-             f"{'yes' if env['clean_shutdown'] else 'no'}")
-    cols = ["vb", "state", "uuid", "high", "snapshot", "purge", "history from", "records",
-            "live", "tombstones", "superseded", "seqnos"]
-    out.table(f"{len(rows)} vbuckets as persisted", cols,
-              [[r["vbucket"], r["state"], r["vb_uuid"], r["high_seqno"],
-                f"{r['snap_start']}..{r['snap_end']}", r["purge_seqno"], r["history_start"],
-                r["records"], r["live_items"], r["tombstones"], r["superseded"],
-                f"{r['min_seqno']}..{r['max_seqno']}" if r["records"] else "-"] for r in rows],
-              footer=["total", "", "", totals["high_seqno"], "", "", "", totals["records"],
-                      totals["live_items"], totals["tombstones"], totals["superseded"], ""],
-              numeric=["vb", "uuid", "high", "purge", "history from", "records", "live",
-                       "tombstones", "superseded"])
+    out.line(
+        f"{env['path']}: format {env['format']}, {env['num_vbuckets']} vbuckets, "
+        f"{env['file_bytes']} bytes, clean shutdown marker: "
+        f"{'yes' if env['clean_shutdown'] else 'no'}"
+    )
+    cols = [
+        "vb",
+        "state",
+        "uuid",
+        "high",
+        "snapshot",
+        "purge",
+        "history from",
+        "records",
+        "live",
+        "tombstones",
+        "superseded",
+        "seqnos",
+    ]
+    out.table(
+        f"{len(rows)} vbuckets as persisted",
+        cols,
+        [
+            [
+                r["vbucket"],
+                r["state"],
+                r["vb_uuid"],
+                r["high_seqno"],
+                f"{r['snap_start']}..{r['snap_end']}",
+                r["purge_seqno"],
+                r["history_start"],
+                r["records"],
+                r["live_items"],
+                r["tombstones"],
+                r["superseded"],
+                f"{r['min_seqno']}..{r['max_seqno']}" if r["records"] else "-",
+            ]
+            for r in rows
+        ],
+        footer=[
+            "total",
+            "",
+            "",
+            totals["high_seqno"],
+            "",
+            "",
+            "",
+            totals["records"],
+            totals["live_items"],
+            totals["tombstones"],
+            totals["superseded"],
+            "",
+        ],
+        numeric=[
+            "vb",
+            "uuid",
+            "high",
+            "purge",
+            "history from",
+            "records",
+            "live",
+            "tombstones",
+            "superseded",
+        ],
+    )
     return 0
 
 
 # ---------------------------------------------------------------------- failover-log
+
 
 def _failover(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
     with store.read() as snap:
@@ -112,13 +173,17 @@ def _failover(store: OfflineStore, args: argparse.Namespace, out: Output) -> int
     if out.json_mode:
         out.json({"vbucket": args.vbucket, "entries": entries})
         return 0
-    out.table(f"persisted failover log of vb {args.vbucket} (newest first)",
-              ["#", "vb_uuid", "seqno"], [[e["index"], e["vb_uuid"], e["seqno"]]
-                                          for e in entries], numeric=["#", "vb_uuid", "seqno"])
+    out.table(
+        f"persisted failover log of vb {args.vbucket} (newest first)",
+        ["#", "vb_uuid", "seqno"],
+        [[e["index"], e["vb_uuid"], e["seqno"]] for e in entries],
+        numeric=["#", "vb_uuid", "seqno"],
+    )
     return 0
 
 
 # ---------------------------------------------------------------------- dump
+
 
 def _dump(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
     vb = args.vbucket
@@ -128,8 +193,10 @@ def _dump(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
         start = max(args.start, lo)
         end = hi if args.end is None else min(args.end, hi)
         if not out.json_mode:
-            out.line(f"vb {vb}: stored seqnos {lo}..{hi}; showing {args.start}.."
-                     f"{'end' if args.end is None else args.end}")
+            out.line(
+                f"vb {vb}: stored seqnos {lo}..{hi}; showing {args.start}.."
+                f"{'end' if args.end is None else args.end}"
+            )
         rows = []
         shown = 0
         with out.progress(f"vb {vb}", max(end - start + 1, 0)) as bar:
@@ -139,22 +206,43 @@ def _dump(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
                 if out.json_mode:
                     out.json_line(_item_doc(vb, it))
                 else:
-                    rows.append([it.seqno, _op_name(it.op), preview(bytes(it.key), 0),
-                                 it.rev_seqno, it.flags, it.expiry,
-                                 preview(bytes(it.value), args.value_width)
-                                 if it.op == _MUTATION else "-"])
+                    rows.append(
+                        [
+                            it.seqno,
+                            _op_name(it.op),
+                            preview(bytes(it.key), 0),
+                            it.rev_seqno,
+                            it.flags,
+                            it.expiry,
+                            preview(bytes(it.value), args.value_width)
+                            if it.op == _MUTATION
+                            else "-",
+                        ]
+                    )
                 if args.limit and shown >= args.limit:
                     break
     if not out.json_mode:
-        out.table(f"{shown} items", ["seqno", "op", "key", "rev", "flags", "expiry", "value"],
-                  rows, numeric=["seqno", "rev", "flags", "expiry"])
+        out.table(
+            f"{shown} items",
+            ["seqno", "op", "key", "rev", "flags", "expiry", "value"],
+            rows,
+            numeric=["seqno", "rev", "flags", "expiry"],
+        )
     return 0
 
 
 def _item_doc(vb: int, it: Any) -> dict[str, Any]:
-    doc = {"vbucket": vb, "seqno": it.seqno, "op": _op_name(it.op),
-           "key": it.key.decode("utf-8", "backslashreplace"), "rev_seqno": it.rev_seqno,
-           "cas": it.cas, "flags": it.flags, "expiry": it.expiry, "datatype": it.datatype}
+    doc = {
+        "vbucket": vb,
+        "seqno": it.seqno,
+        "op": _op_name(it.op),
+        "key": it.key.decode("utf-8", "backslashreplace"),
+        "rev_seqno": it.rev_seqno,
+        "cas": it.cas,
+        "flags": it.flags,
+        "expiry": it.expiry,
+        "datatype": it.datatype,
+    }
     if it.op == _MUTATION:
         doc.update(value_doc(bytes(it.value)))
     else:
@@ -163,6 +251,7 @@ def _item_doc(vb: int, it: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- history
+
 
 def _history(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
     vb = args.vbucket
@@ -174,30 +263,49 @@ def _history(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
     old: list[dict[str, Any]] = []
     for key, vs in versions.items():
         for (seqno, op, rev, cas), nxt in itertools.pairwise(vs):
-            old.append({"seqno": seqno, "key": key.decode("utf-8", "backslashreplace"),
-                        "op": _op_name(op), "rev_seqno": rev, "cas": cas,
-                        "superseded_by": nxt[0], "newest_seqno": vs[-1][0]})
+            old.append(
+                {
+                    "seqno": seqno,
+                    "key": key.decode("utf-8", "backslashreplace"),
+                    "op": _op_name(op),
+                    "rev_seqno": rev,
+                    "cas": cas,
+                    "superseded_by": nxt[0],
+                    "newest_seqno": vs[-1][0],
+                }
+            )
     old.sort(key=lambda d: d["seqno"])
     if args.limit:
         old = old[: args.limit]
-    doc = {"vbucket": vb, "history_start": rec.history_start if rec else None,
-           "high_seqno": rec.high_seqno if rec else None, "superseded_versions": old}
+    doc = {
+        "vbucket": vb,
+        "history_start": rec.history_start if rec else None,
+        "high_seqno": rec.high_seqno if rec else None,
+        "superseded_versions": old,
+    }
     if out.json_mode:
         out.json(doc)
         return 0
-    out.line(f"vb {vb}: complete history from seqno {doc['history_start']} to "
-             f"{doc['high_seqno']}; {len(old)} superseded versions kept")
+    out.line(
+        f"vb {vb}: complete history from seqno {doc['history_start']} to "
+        f"{doc['high_seqno']}; {len(old)} superseded versions kept"
+    )
     if not old:
         return 0
-    out.table("superseded versions (oldest first)",
-              ["seqno", "key", "op", "rev", "superseded by", "newest"],
-              [[d["seqno"], d["key"], d["op"], d["rev_seqno"], d["superseded_by"],
-                d["newest_seqno"]] for d in old],
-              numeric=["seqno", "rev", "superseded by", "newest"])
+    out.table(
+        "superseded versions (oldest first)",
+        ["seqno", "key", "op", "rev", "superseded by", "newest"],
+        [
+            [d["seqno"], d["key"], d["op"], d["rev_seqno"], d["superseded_by"], d["newest_seqno"]]
+            for d in old
+        ],
+        numeric=["seqno", "rev", "superseded by", "newest"],
+    )
     return 0
 
 
 # ---------------------------------------------------------------------- check
+
 
 def _check(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
     vbs = check_vbuckets(args.vb, store.num_vbuckets, "this data dir")
@@ -209,22 +317,33 @@ def _check(store: OfflineStore, args: argparse.Namespace, out: Output) -> int:
         for note in report["notes"]:
             out.line(f"note: {note}")
         if report["problems"]:
-            out.table(f"{len(report['problems'])} problems in {report['data_dir']}",
-                      ["vb", "problem"],
-                      [[p["vbucket"], p["problem"]] for p in report["problems"]],
-                      numeric=["vb"])
+            out.table(
+                f"{len(report['problems'])} problems in {report['data_dir']}",
+                ["vb", "problem"],
+                [[p["vbucket"], p["problem"]] for p in report["problems"]],
+                numeric=["vb"],
+            )
         else:
-            out.line(f"OK: {report['vbuckets_checked']} vbuckets, "
-                     f"{report['records_checked']} records, no problems")
+            out.line(
+                f"OK: {report['vbuckets_checked']} vbuckets, "
+                f"{report['records_checked']} records, no problems"
+            )
     if report["problems"]:
         first = report["problems"][0]
-        raise CtlError(f"check failed: {len(report['problems'])} problems (first: vb "
-                       f"{first['vbucket']}: {first['problem']})")
+        raise CtlError(
+            f"check failed: {len(report['problems'])} problems (first: vb "
+            f"{first['vbucket']}: {first['problem']})"
+        )
     return 0
 
 
-_VIEWS = {"vbuckets": _vbuckets, "failover-log": _failover, "dump": _dump,
-          "history": _history, "check": _check}
+_VIEWS = {
+    "vbuckets": _vbuckets,
+    "failover-log": _failover,
+    "dump": _dump,
+    "history": _history,
+    "check": _check,
+}
 
 
 def cmd_inspect(args: argparse.Namespace, out: Output) -> int:

@@ -22,8 +22,7 @@ __all__ = ["cmd_delete", "cmd_get", "cmd_set"]
 async def _client(args: argparse.Namespace) -> KvClient:
     async with Remote(args.host, args.port, args.timeout) as r:
         n = await r.num_vbuckets()
-    return KvClient(args.host, args.port, num_vbuckets=n, timeout=args.timeout,
-                    agent="dcpctl")
+    return KvClient(args.host, args.port, num_vbuckets=n, timeout=args.timeout, agent="dcpctl")
 
 
 async def _run(args: argparse.Namespace, op: str, fn: Any) -> Any:
@@ -38,8 +37,13 @@ async def _run(args: argparse.Namespace, op: str, fn: Any) -> Any:
 
 
 def _result_doc(res: Any) -> dict[str, Any]:
-    return {"key": res.key.decode("utf-8", "backslashreplace"), "vbucket": res.vbucket,
-            "cas": res.cas, "vb_uuid": res.vb_uuid, "seqno": res.seqno}
+    return {
+        "key": res.key.decode("utf-8", "backslashreplace"),
+        "vbucket": res.vbucket,
+        "cas": res.cas,
+        "vb_uuid": res.vb_uuid,
+        "seqno": res.seqno,
+    }
 
 
 async def cmd_get(args: argparse.Namespace, out: Output) -> int:
@@ -47,8 +51,13 @@ async def cmd_get(args: argparse.Namespace, out: Output) -> int:
         return kv.vbucket_for(args.key), await kv.get(args.key)
 
     vb, res = await _run(args, "get", get)
-    doc = {"key": args.key, "vbucket": vb, "flags": res.flags, "cas": res.cas,
-           "datatype": res.datatype}
+    doc = {
+        "key": args.key,
+        "vbucket": vb,
+        "flags": res.flags,
+        "cas": res.cas,
+        "datatype": res.datatype,
+    }
     if out.json_mode:
         out.json({**doc, **value_doc(res.value)})
         return 0
@@ -57,9 +66,13 @@ async def cmd_get(args: argparse.Namespace, out: Output) -> int:
 
 
 async def cmd_set(args: argparse.Namespace, out: Output) -> int:
-    res = await _run(args, "set", lambda kv: kv.set(args.key, args.value, flags=args.flags,
-                                                    expiry=args.expiry,
-                                                    durable=args.durable))
+    res = await _run(
+        args,
+        "set",
+        lambda kv: kv.set(
+            args.key, args.value, flags=args.flags, expiry=args.expiry, durable=args.durable
+        ),
+    )
     doc = _result_doc(res)
     if out.json_mode:
         out.json(doc)

@@ -53,15 +53,26 @@ def streams_per_vbucket(pairs: list[tuple[str, str]]) -> dict[int, int]:
 
 # ---------------------------------------------------------------------- vbuckets
 
-_VB_COLUMNS = ["vb", "state", "uuid", "high", "persisted", "purge", "in memory", "ckpts",
-               "ckpt mem", "streams"]
+_VB_COLUMNS = [
+    "vb",
+    "state",
+    "uuid",
+    "high",
+    "persisted",
+    "purge",
+    "in memory",
+    "ckpts",
+    "ckpt mem",
+    "streams",
+]
 _VB_NUMERIC = [*_VB_COLUMNS[2:], "vb"]
 
 
 async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
     async with Remote(args.host, args.port, args.timeout) as r:
         states, seqnos, ckpts, streams = await r.stats(
-            "vbucket", "vbucket-seqno", "checkpoint", "dcp-streams")
+            "vbucket", "vbucket-seqno", "checkpoint", "dcp-streams"
+        )
     state_of = {int(k[3:]): v for k, v in states if k.startswith("vb_")}
     vbs = check_vbuckets(args.vb, len(state_of))
     seq = by_vbucket(seqnos)
@@ -72,16 +83,29 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
         if args.active and state_of[vb] != "active":
             continue
         s, c = seq.get(vb, {}), ck.get(vb, {})
-        rows.append({
-            "vbucket": vb, "state": state_of[vb], "vb_uuid": s.get("vb_uuid"),
-            "high_seqno": s.get("high_seqno"), "persisted_seqno": s.get("last_persisted_seqno"),
-            "purge_seqno": s.get("purge_seqno"), "items_in_memory": c.get("num_items"),
-            "checkpoints": c.get("num_checkpoints"), "checkpoint_memory": c.get("mem_usage"),
-            "open_streams": nstreams.get(vb, 0),
-        })
+        rows.append(
+            {
+                "vbucket": vb,
+                "state": state_of[vb],
+                "vb_uuid": s.get("vb_uuid"),
+                "high_seqno": s.get("high_seqno"),
+                "persisted_seqno": s.get("last_persisted_seqno"),
+                "purge_seqno": s.get("purge_seqno"),
+                "items_in_memory": c.get("num_items"),
+                "checkpoints": c.get("num_checkpoints"),
+                "checkpoint_memory": c.get("mem_usage"),
+                "open_streams": nstreams.get(vb, 0),
+            }
+        )
     totals: dict[str, Any] = {"vbuckets": len(rows)}
-    for key in ("high_seqno", "persisted_seqno", "items_in_memory", "checkpoints",
-                "checkpoint_memory", "open_streams"):
+    for key in (
+        "high_seqno",
+        "persisted_seqno",
+        "items_in_memory",
+        "checkpoints",
+        "checkpoint_memory",
+        "open_streams",
+    ):
         totals[key] = sum(row[key] or 0 for row in rows)
     by_state: dict[str, int] = {}
     for row in rows:
@@ -91,43 +115,72 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
         out.json({"vbuckets": rows, "totals": totals})
         return 0
     states_txt = ", ".join(f"{n} {s}" for s, n in sorted(by_state.items()))
-    out.table(f"{len(rows)} vbuckets on {r.where}", _VB_COLUMNS,
-              [[row["vbucket"], row["state"], row["vb_uuid"], row["high_seqno"],
-                row["persisted_seqno"], row["purge_seqno"], row["items_in_memory"],
-                row["checkpoints"], row["checkpoint_memory"], row["open_streams"]]
-               for row in rows],
-              footer=["total", states_txt, "", totals["high_seqno"], totals["persisted_seqno"],
-                      "", totals["items_in_memory"], totals["checkpoints"],
-                      totals["checkpoint_memory"], totals["open_streams"]],
-              numeric=_VB_NUMERIC)
+    out.table(
+        f"{len(rows)} vbuckets on {r.where}",
+        _VB_COLUMNS,
+        [
+            [
+                row["vbucket"],
+                row["state"],
+                row["vb_uuid"],
+                row["high_seqno"],
+                row["persisted_seqno"],
+                row["purge_seqno"],
+                row["items_in_memory"],
+                row["checkpoints"],
+                row["checkpoint_memory"],
+                row["open_streams"],
+            ]
+            for row in rows
+        ],
+        footer=[
+            "total",
+            states_txt,
+            "",
+            totals["high_seqno"],
+            totals["persisted_seqno"],
+            "",
+            totals["items_in_memory"],
+            totals["checkpoints"],
+            totals["checkpoint_memory"],
+            totals["open_streams"],
+        ],
+        numeric=_VB_NUMERIC,
+    )
     return 0
 
 
 # ---------------------------------------------------------------------- failover-log
 
+
 async def cmd_failover_log(args: argparse.Namespace, out: Output) -> int:
     async with Remote(args.host, args.port, args.timeout) as r:
         fields = by_vbucket((await r.stats(f"failovers {args.vbucket}"))[0]).get(args.vbucket, {})
     n = fields.get("num_entries", 0)
-    entries = [{"index": i, "vb_uuid": fields[f"{i}:id"], "seqno": fields[f"{i}:seq"]}
-               for i in range(n)]
+    entries = [
+        {"index": i, "vb_uuid": fields[f"{i}:id"], "seqno": fields[f"{i}:seq"]} for i in range(n)
+    ]
     if out.json_mode:
         out.json({"vbucket": args.vbucket, "entries": entries})
         return 0
-    out.table(f"failover log of vb {args.vbucket} (newest first)", ["#", "vb_uuid", "seqno"],
-              [[e["index"], e["vb_uuid"], e["seqno"]] for e in entries],
-              numeric=["#", "vb_uuid", "seqno"])
+    out.table(
+        f"failover log of vb {args.vbucket} (newest first)",
+        ["#", "vb_uuid", "seqno"],
+        [[e["index"], e["vb_uuid"], e["seqno"]] for e in entries],
+        numeric=["#", "vb_uuid", "seqno"],
+    )
     return 0
 
 
 # ---------------------------------------------------------------------- checkpoints
+
 
 def _named(fields: dict[str, Any], prefix: str) -> dict[str, dict[str, Any]]:
     """``prefix:NAME:field`` entries as ``{NAME: {field: value}}`` (NAME may hold ':')."""
     out: dict[str, dict[str, Any]] = {}
     for k, v in fields.items():
         if k.startswith(prefix):
-            name, _, field = k[len(prefix):].rpartition(":")
+            name, _, field = k[len(prefix) :].rpartition(":")
             out.setdefault(name, {})[field] = v
     return out
 
@@ -138,17 +191,35 @@ def checkpoint_view(vb: int, fields: dict[str, Any]) -> dict[str, Any]:
     ckpts.sort(key=lambda c: c["id"])
     cursors = []
     for name, f in sorted(_named(fields, "cursor:").items()):
-        cursors.append({"name": name, "checkpoint_id": f.get("checkpoint_id"),
-                        "offset": f.get("offset"), "last_seqno": f.get("last_seqno"),
-                        "lag": f.get("lag"), "dropped": f.get("dropped") == "true"})
-    dropped = [{"stream": name, "cursor_drops": f.get("cursor_drops"),
-                "dropped_now": f.get("cursor_dropped") == "true", "state": f.get("state"),
-                "last_sent_seqno": f.get("last_sent_seqno"), "lag": f.get("lag")}
-               for name, f in sorted(_named(fields, "stream:").items())]
-    summary = {k: v for k, v in fields.items()
-               if not k.startswith(("ckpt:", "cursor:", "stream:"))}
-    return {"vbucket": vb, **summary, "checkpoints": ckpts, "cursors": cursors,
-            "dropped_cursors": dropped}
+        cursors.append(
+            {
+                "name": name,
+                "checkpoint_id": f.get("checkpoint_id"),
+                "offset": f.get("offset"),
+                "last_seqno": f.get("last_seqno"),
+                "lag": f.get("lag"),
+                "dropped": f.get("dropped") == "true",
+            }
+        )
+    dropped = [
+        {
+            "stream": name,
+            "cursor_drops": f.get("cursor_drops"),
+            "dropped_now": f.get("cursor_dropped") == "true",
+            "state": f.get("state"),
+            "last_sent_seqno": f.get("last_sent_seqno"),
+            "lag": f.get("lag"),
+        }
+        for name, f in sorted(_named(fields, "stream:").items())
+    ]
+    summary = {k: v for k, v in fields.items() if not k.startswith(("ckpt:", "cursor:", "stream:"))}
+    return {
+        "vbucket": vb,
+        **summary,
+        "checkpoints": ckpts,
+        "cursors": cursors,
+        "dropped_cursors": dropped,
+    }
 
 
 def _range(start: Any, last: Any) -> str:
@@ -164,31 +235,62 @@ async def cmd_checkpoints(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json(doc)
         return 0
-    out.line(f"vb {args.vbucket}: high seqno {doc.get('high_seqno')}, persisted "
-             f"{doc.get('persisted_seqno')}, memory from seqno {doc.get('memory_start_seqno')}, "
-             f"{doc.get('num_items')} items in {doc.get('num_checkpoints')} checkpoints, "
-             f"{doc.get('mem_usage')} bytes")
-    out.table("checkpoints", ["id", "state", "seqnos", "items", "slots", "bytes", "cursors"],
-              [[c["id"], c.get("state"), _range(c.get("start_seqno"), c.get("last_seqno")),
-                c.get("num_items"), c.get("num_slots"), c.get("mem_usage"), c.get("num_cursors")]
-               for c in doc["checkpoints"]],
-              numeric=["id", "items", "slots", "bytes", "cursors"])
-    out.table("cursors", ["cursor", "checkpoint", "offset", "last seqno", "lag"],
-              [[c["name"], c["checkpoint_id"], c["offset"], c["last_seqno"], c["lag"]]
-               for c in doc["cursors"]],
-              numeric=["checkpoint", "offset", "last seqno", "lag"])
+    out.line(
+        f"vb {args.vbucket}: high seqno {doc.get('high_seqno')}, persisted "
+        f"{doc.get('persisted_seqno')}, memory from seqno {doc.get('memory_start_seqno')}, "
+        f"{doc.get('num_items')} items in {doc.get('num_checkpoints')} checkpoints, "
+        f"{doc.get('mem_usage')} bytes"
+    )
+    out.table(
+        "checkpoints",
+        ["id", "state", "seqnos", "items", "slots", "bytes", "cursors"],
+        [
+            [
+                c["id"],
+                c.get("state"),
+                _range(c.get("start_seqno"), c.get("last_seqno")),
+                c.get("num_items"),
+                c.get("num_slots"),
+                c.get("mem_usage"),
+                c.get("num_cursors"),
+            ]
+            for c in doc["checkpoints"]
+        ],
+        numeric=["id", "items", "slots", "bytes", "cursors"],
+    )
+    out.table(
+        "cursors",
+        ["cursor", "checkpoint", "offset", "last seqno", "lag"],
+        [
+            [c["name"], c["checkpoint_id"], c["offset"], c["last_seqno"], c["lag"]]
+            for c in doc["cursors"]
+        ],
+        numeric=["checkpoint", "offset", "last seqno", "lag"],
+    )
     if doc["dropped_cursors"]:
-        out.table("dropped cursors (streams that fell back to disk)",
-                  ["stream", "drops", "dropped now", "phase", "last sent", "lag"],
-                  [[d["stream"], d["cursor_drops"], d["dropped_now"], d["state"],
-                    d["last_sent_seqno"], d["lag"]] for d in doc["dropped_cursors"]],
-                  numeric=["drops", "last sent", "lag"])
+        out.table(
+            "dropped cursors (streams that fell back to disk)",
+            ["stream", "drops", "dropped now", "phase", "last sent", "lag"],
+            [
+                [
+                    d["stream"],
+                    d["cursor_drops"],
+                    d["dropped_now"],
+                    d["state"],
+                    d["last_sent_seqno"],
+                    d["lag"],
+                ]
+                for d in doc["dropped_cursors"]
+            ],
+            numeric=["drops", "last sent", "lag"],
+        )
     else:
         out.line("dropped cursors: none")
     return 0
 
 
 # ---------------------------------------------------------------------- stats
+
 
 async def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     group = " ".join(args.group)

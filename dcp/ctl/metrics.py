@@ -29,8 +29,9 @@ async def fetch_metrics(host: str, port: int, timeout: float, path: str = "/metr
         with trio.fail_after(timeout):
             stream = await trio.open_tcp_stream(host, port)
             async with stream:
-                await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: {where}\r\n"
-                                      f"Connection: close\r\n\r\n".encode())
+                await stream.send_all(
+                    f"GET {path} HTTP/1.1\r\nHost: {where}\r\nConnection: close\r\n\r\n".encode()
+                )
                 data = b""
                 while chunk := await stream.receive_some(1 << 16):
                     data += chunk
@@ -61,8 +62,11 @@ def _samples(text: str) -> list[dict[str, Any]]:
 
 async def cmd_metrics(args: argparse.Namespace, out: Output) -> int:
     if not args.metrics_port:
-        raise CtlError("give --metrics-port: the port the server was started with "
-                       "(--metrics-port; metrics are off by default)", 2)
+        raise CtlError(
+            "give --metrics-port: the port the server was started with "
+            "(--metrics-port; metrics are off by default)",
+            2,
+        )
     text = await fetch_metrics(args.host, args.metrics_port, args.timeout)
     if args.raw:
         sys.stdout.write(text)
@@ -71,7 +75,13 @@ async def cmd_metrics(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json({"metrics": samples})
         return 0
-    out.table(f"metrics from {args.host}:{args.metrics_port}", ["metric", "labels", "value"],
-              [[s["name"], ",".join(f"{k}={v}" for k, v in s["labels"].items()), s["value"]]
-               for s in samples], numeric=["value"])
+    out.table(
+        f"metrics from {args.host}:{args.metrics_port}",
+        ["metric", "labels", "value"],
+        [
+            [s["name"], ",".join(f"{k}={v}" for k, v in s["labels"].items()), s["value"]]
+            for s in samples
+        ],
+        numeric=["value"],
+    )
     return 0

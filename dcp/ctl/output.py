@@ -101,8 +101,9 @@ class Output:
     def __init__(self, *, json_mode: bool, progress: bool = True) -> None:
         self.json_mode = json_mode
         tty = sys.stdout.isatty()
-        self.console = Console(width=None if tty else PIPE_WIDTH, highlight=False,
-                               soft_wrap=not tty)
+        self.console = Console(
+            width=None if tty else PIPE_WIDTH, highlight=False, soft_wrap=not tty
+        )
         self.show_progress = progress and tty and not json_mode
         self._live: Progress | None = None
         self._pending: list[str] = []  # lines waiting to go above the bar
@@ -145,15 +146,30 @@ class Output:
             self._live.console.print(Text("\n".join(self._pending)), markup=False)
         self._pending.clear()
 
-    def table(self, title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-              *, footer: Sequence[Any] | None = None, numeric: Sequence[str] = ()) -> None:
+    def table(
+        self,
+        title: str | None,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        *,
+        footer: Sequence[Any] | None = None,
+        numeric: Sequence[str] = (),
+    ) -> None:
         """A table; ``numeric`` columns are right-aligned; ``footer`` is a totals row."""
-        t = Table(title=title, title_justify="left", show_footer=footer is not None,
-                  header_style="bold", footer_style="bold")
+        t = Table(
+            title=title,
+            title_justify="left",
+            show_footer=footer is not None,
+            header_style="bold",
+            footer_style="bold",
+        )
         for i, col in enumerate(columns):
-            t.add_column(col, justify="right" if col in numeric else "left",
-                         footer=_cell(footer[i]) if footer is not None else "",
-                         overflow="fold")
+            t.add_column(
+                col,
+                justify="right" if col in numeric else "left",
+                footer=_cell(footer[i]) if footer is not None else "",
+                overflow="fold",
+            )
         for row in rows:
             t.add_row(*(_cell(v) for v in row))
         self._print(t)
@@ -171,9 +187,14 @@ class Output:
         if not self.show_progress or total is None:
             yield _NoProgress()
             return
-        progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=self.console, transient=True)
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
         task = progress.add_task(description, total=total)
         with progress:
             self._live = progress

@@ -76,22 +76,28 @@ class Remote:
             with trio.fail_after(self.timeout):
                 self._stream = await trio.open_tcp_stream(self.host, self.port)
         except trio.TooSlowError:
-            raise CtlError(f"cannot connect to {self.where}: timed out after "
-                           f"{self.timeout:g} s") from None
+            raise CtlError(
+                f"cannot connect to {self.where}: timed out after {self.timeout:g} s"
+            ) from None
         except OSError as exc:
             raise CtlError(f"cannot connect to {self.where}: {os_error_text(exc)}") from None
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._stream is not None:
             await trio.aclose_forcefully(self._stream)
             self._stream = None
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _exchange(self, requests: list[tuple[int, bytes]],
-                        is_last: Any) -> dict[int, list[Frame]]:
+    async def _exchange(
+        self, requests: list[tuple[int, bytes]], is_last: Any
+    ) -> dict[int, list[Frame]]:
         """Send ``requests`` (built by the session) in one write; collect answers per
         opaque until ``is_last``."""
         assert self._stream is not None
@@ -114,15 +120,18 @@ class Remote:
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             raise CtlError(f"connection to {self.where} failed: {exc}") from None
         except RemoteProtocolError as exc:
-            raise CtlError(f"{self.where} does not speak the memcached binary protocol: "
-                           f"{exc}") from None
+            raise CtlError(
+                f"{self.where} does not speak the memcached binary protocol: {exc}"
+            ) from None
         return got
 
     @staticmethod
     def _check(f: Frame, what: str) -> None:
         if f.status != Status.SUCCESS:
-            raise CtlError(f"{what}: {error_context(bytes(f.value)) or _status_name(f.status)}"
-                           f" ({_status_name(f.status)})")
+            raise CtlError(
+                f"{what}: {error_context(bytes(f.value)) or _status_name(f.status)}"
+                f" ({_status_name(f.status)})"
+            )
 
     # ------------------------------------------------------------------ requests
 
@@ -136,8 +145,12 @@ class Remote:
             for f in got[o]:
                 self._check(f, f"STAT {g!r}" if g else "STAT")
                 if f.key:
-                    pairs.append((bytes(f.key).decode("utf-8", "replace"),
-                                  bytes(f.value).decode("utf-8", "replace")))
+                    pairs.append(
+                        (
+                            bytes(f.key).decode("utf-8", "replace"),
+                            bytes(f.value).decode("utf-8", "replace"),
+                        )
+                    )
             out.append(pairs)
         return out
 

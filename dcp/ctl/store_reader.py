@@ -44,8 +44,15 @@ from ..producer.engine.records import (
 )
 from .output import CtlError
 
-__all__ = ["RECORD_HEAD", "DamagedRecord", "OfflineStore", "RawRecord", "Snapshot", "decode_state",
-           "describe_env"]
+__all__ = [
+    "RECORD_HEAD",
+    "DamagedRecord",
+    "OfflineStore",
+    "RawRecord",
+    "Snapshot",
+    "decode_state",
+    "describe_env",
+]
 
 #: Named DBs and meta keys as ``LmdbStorage`` creates them (storage.py keeps them private).
 _ITEM_DB = b"seq:%04x"
@@ -96,8 +103,10 @@ class OfflineStore:
         except OSError as exc:
             raise CtlError(f"{self.path}: cannot read data.mdb: {exc.strerror}") from None
         if metas and self.file_size < metas[0].used_bytes:
-            raise CtlError(f"{self.path}: data.mdb is truncated: {self.file_size} bytes, but "
-                           f"its LMDB meta page says {metas[0].used_bytes} are in use")
+            raise CtlError(
+                f"{self.path}: data.mdb is truncated: {self.file_size} bytes, but "
+                f"its LMDB meta page says {metas[0].used_bytes} are in use"
+            )
         self.env = self._open()
         try:
             self._read_meta()
@@ -107,8 +116,13 @@ class OfflineStore:
 
     def _open(self) -> Any:
         # A map at least as large as the file; the server may still grow it (see _begin).
-        kw: dict[str, Any] = dict(readonly=True, subdir=True, max_dbs=_MAX_DBS, max_readers=1024,
-                                  map_size=max(self.file_size, 1 << 20))
+        kw: dict[str, Any] = dict(
+            readonly=True,
+            subdir=True,
+            max_dbs=_MAX_DBS,
+            max_readers=1024,
+            map_size=max(self.file_size, 1 << 20),
+        )
         # No lock file: no process has this environment open (LMDB creates it on open),
         # so nothing can be writing; don't create one either.
         lock = (self.path / "lock.mdb").exists()
@@ -134,8 +148,7 @@ class OfflineStore:
             except lmdb.NotFoundError:
                 raise
             except lmdb.Error as exc:
-                raise CtlError(f"{self.path}: unreadable LMDB environment: {_why(exc)}") \
-                    from None
+                raise CtlError(f"{self.path}: unreadable LMDB environment: {_why(exc)}") from None
         raise AssertionError("unreachable")
 
     def _read_meta(self) -> None:
@@ -143,8 +156,10 @@ class OfflineStore:
             self.meta_db = self._open_db(b"meta")
             self.state_db = self._open_db(b"vbstate")
         except lmdb.NotFoundError:
-            raise CtlError(f"{self.path}: an LMDB environment, but not a dcp data "
-                           "directory (no meta/vbstate databases)") from None
+            raise CtlError(
+                f"{self.path}: an LMDB environment, but not a dcp data "
+                "directory (no meta/vbstate databases)"
+            ) from None
         with self._begin() as txn:
             fmt = txn.get(_META_FORMAT, db=self.meta_db)
             nvb = txn.get(_META_NUM_VBUCKETS, db=self.meta_db)
@@ -153,14 +168,18 @@ class OfflineStore:
             self.format_version = int(fmt) if fmt is not None else None
             self.num_vbuckets = int(nvb) if nvb is not None else 0
         except ValueError:
-            raise CtlError(f"{self.path}: meta database holds format {fmt!r}, "
-                           f"num_vbuckets {nvb!r}") from None
+            raise CtlError(
+                f"{self.path}: meta database holds format {fmt!r}, num_vbuckets {nvb!r}"
+            ) from None
         if self.format_version == FORMAT_UNCHECKED:
-            raise CtlError(f"{self.path}: format {fmt!r} (records without checksums); start "
-                           f"the server on it once to migrate it to format {FORMAT_VERSION}")
+            raise CtlError(
+                f"{self.path}: format {fmt!r} (records without checksums); start "
+                f"the server on it once to migrate it to format {FORMAT_VERSION}"
+            )
         if self.format_version != FORMAT_VERSION:
-            raise CtlError(f"{self.path}: format {fmt!r}; this dcpctl reads format "
-                           f"{FORMAT_VERSION}")
+            raise CtlError(
+                f"{self.path}: format {fmt!r}; this dcpctl reads format {FORMAT_VERSION}"
+            )
         if not 0 < self.num_vbuckets <= 1024:
             raise CtlError(f"{self.path}: meta says {self.num_vbuckets} vbuckets")
         self.item_dbs: list[Any] = []
@@ -168,8 +187,9 @@ class OfflineStore:
             try:
                 self.item_dbs.append(self._open_db(_ITEM_DB % vb))
             except lmdb.NotFoundError:
-                raise CtlError(f"{self.path}: the item database of vbucket {vb} is "
-                               "missing") from None
+                raise CtlError(
+                    f"{self.path}: the item database of vbucket {vb} is missing"
+                ) from None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -195,8 +215,9 @@ class OfflineStore:
 
     def check_vbucket(self, vb: int) -> None:
         if not 0 <= vb < self.num_vbuckets:
-            raise CtlError(f"vbucket {vb} does not exist (this data dir has "
-                           f"0..{self.num_vbuckets - 1})")
+            raise CtlError(
+                f"vbucket {vb} does not exist (this data dir has 0..{self.num_vbuckets - 1})"
+            )
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Snapshot]:
@@ -265,11 +286,14 @@ class Snapshot:
             if end is not None and kseq > end:
                 break
             if len(v) < RECORD_HEAD:
-                raise DamagedRecord(f"vbucket {vb}: record at seqno {kseq} has {len(v)} "
-                                    f"bytes, shorter than the {RECORD_HEAD}-byte head")
+                raise DamagedRecord(
+                    f"vbucket {vb}: record at seqno {kseq} has {len(v)} "
+                    f"bytes, shorter than the {RECORD_HEAD}-byte head"
+                )
             op, _dt, cas, kl, _dtime, seqno, rev, *_ = _unpack(v)
-            yield RawRecord(kvb, kseq, seqno, op, cas, rev, kl,
-                            v[RECORD_HEAD:RECORD_HEAD + kl], v)
+            yield RawRecord(
+                kvb, kseq, seqno, op, cas, rev, kl, v[RECORD_HEAD : RECORD_HEAD + kl], v
+            )
 
     def items(self, vb: int, start: int = 0, end: int | None = None) -> Iterator[Item]:
         """Decoded items with start <= seqno <= end (the engine's ``decode_item``)."""
@@ -277,9 +301,11 @@ class Snapshot:
             try:
                 item = decode_item(vb, rec.raw)
             except Exception as exc:  # struct.error and friends: a damaged record
-                raise DamagedRecord(f"vbucket {vb}: undecodable record at seqno "
-                                    f"{rec.key_seqno} ({exc}); run `dcpctl inspect DIR "
-                                    "check`") from None
+                raise DamagedRecord(
+                    f"vbucket {vb}: undecodable record at seqno "
+                    f"{rec.key_seqno} ({exc}); run `dcpctl inspect DIR "
+                    "check`"
+                ) from None
             yield item
 
 
@@ -296,6 +322,10 @@ def _why(exc: BaseException) -> str:
 
 
 def describe_env(store: OfflineStore) -> dict[str, Any]:
-    return {"path": os.fspath(store.path), "format": store.format_version,
-            "num_vbuckets": store.num_vbuckets, "clean_shutdown": store.clean_shutdown,
-            "file_bytes": store.file_size}
+    return {
+        "path": os.fspath(store.path),
+        "format": store.format_version,
+        "num_vbuckets": store.num_vbuckets,
+        "clean_shutdown": store.clean_shutdown,
+        "file_bytes": store.file_size,
+    }

@@ -52,8 +52,9 @@ def _flow(c: dict[str, Any]) -> str:
 def _noop(c: dict[str, Any]) -> str:
     if not c.get("noop_enabled"):
         return "off"
-    return f"every {c.get('noop_interval', '?')}s" + (", awaiting reply" if c.get(
-        "noop_pending") else "")
+    return f"every {c.get('noop_interval', '?')}s" + (
+        ", awaiting reply" if c.get("noop_pending") else ""
+    )
 
 
 async def cmd_connections(args: argparse.Namespace, out: Output) -> int:
@@ -65,12 +66,37 @@ async def cmd_connections(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json({"connections": conns})
         return 0
-    out.table(f"{len(conns)} DCP connections",
-              ["id", "name", "peer", "agent", "streams", "unacked/window", "flow", "noop",
-               "bytes out", "paused"],
-              [[c["id"], c["name"], c["peer"], c["agent"] or "-", c["streams"], _flow(c),
-                c["flow_control"], _noop(c), c["bytes_out"], c["paused"]] for c in conns],
-              numeric=["id", "streams", "bytes out"])
+    out.table(
+        f"{len(conns)} DCP connections",
+        [
+            "id",
+            "name",
+            "peer",
+            "agent",
+            "streams",
+            "unacked/window",
+            "flow",
+            "noop",
+            "bytes out",
+            "paused",
+        ],
+        [
+            [
+                c["id"],
+                c["name"],
+                c["peer"],
+                c["agent"] or "-",
+                c["streams"],
+                _flow(c),
+                c["flow_control"],
+                _noop(c),
+                c["bytes_out"],
+                c["paused"],
+            ]
+            for c in conns
+        ],
+        numeric=["id", "streams", "bytes out"],
+    )
     return 0
 
 
@@ -83,15 +109,41 @@ async def cmd_streams(args: argparse.Namespace, out: Output) -> int:
     if out.json_mode:
         out.json({"streams": streams})
         return 0
-    out.table(f"{len(streams)} DCP streams",
-              ["connection", "vb", "phase", "start..end", "last sent", "high", "lag",
-               "items sent", "backfills", "cursor drops", "unacked/window", "noop"],
-              [[s["connection"], s["vbucket"], s["state"],
-                f"{s['start_seqno']}..{_end(s['end_seqno'])}", s["last_sent_seqno"],
-                s["high_seqno"], s["lag"], s["items_sent"], s["backfills"], s["cursor_drops"],
-                _flow(s), _noop(s)] for s in streams],
-              numeric=["vb", "last sent", "high", "lag", "items sent", "backfills",
-                       "cursor drops"])
+    out.table(
+        f"{len(streams)} DCP streams",
+        [
+            "connection",
+            "vb",
+            "phase",
+            "start..end",
+            "last sent",
+            "high",
+            "lag",
+            "items sent",
+            "backfills",
+            "cursor drops",
+            "unacked/window",
+            "noop",
+        ],
+        [
+            [
+                s["connection"],
+                s["vbucket"],
+                s["state"],
+                f"{s['start_seqno']}..{_end(s['end_seqno'])}",
+                s["last_sent_seqno"],
+                s["high_seqno"],
+                s["lag"],
+                s["items_sent"],
+                s["backfills"],
+                s["cursor_drops"],
+                _flow(s),
+                _noop(s),
+            ]
+            for s in streams
+        ],
+        numeric=["vb", "last sent", "high", "lag", "items sent", "backfills", "cursor drops"],
+    )
     return 0
 
 

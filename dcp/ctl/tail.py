@@ -40,8 +40,11 @@ _OK = int(StreamEndStatus.OK)
 
 
 def snapshot_flags(flags: int) -> list[str]:
-    return [f.name.lower() for f in SnapshotMarkerFlag
-            if f.value and flags & f.value and f.name is not None]
+    return [
+        f.name.lower()
+        for f in SnapshotMarkerFlag
+        if f.value and flags & f.value and f.name is not None
+    ]
 
 
 def _end_reason(reason: int) -> str:
@@ -55,17 +58,35 @@ def event_doc(ev: Any) -> dict[str, Any]:
     """One raw-mode event as a JSON Lines record."""
     t = type(ev)
     if t is SnapshotMarker:
-        return {"type": "snapshot", "vbucket": ev.vbucket, "start": ev.start, "end": ev.end,
-                "flags": snapshot_flags(ev.flags)}
+        return {
+            "type": "snapshot",
+            "vbucket": ev.vbucket,
+            "start": ev.start,
+            "end": ev.end,
+            "flags": snapshot_flags(ev.flags),
+        }
     if t is Mutation:
-        return {"type": "mutation", "vbucket": ev.vbucket, "seqno": ev.seqno,
-                "key": ev.key.decode("utf-8", "backslashreplace"), **value_doc(bytes(ev.value)),
-                "rev_seqno": ev.rev_seqno, "cas": ev.cas, "flags": ev.flags, "expiry": ev.expiry,
-                "datatype": ev.datatype}
+        return {
+            "type": "mutation",
+            "vbucket": ev.vbucket,
+            "seqno": ev.seqno,
+            "key": ev.key.decode("utf-8", "backslashreplace"),
+            **value_doc(bytes(ev.value)),
+            "rev_seqno": ev.rev_seqno,
+            "cas": ev.cas,
+            "flags": ev.flags,
+            "expiry": ev.expiry,
+            "datatype": ev.datatype,
+        }
     if t is Deletion or t is Expiration:
-        return {"type": ev.kind, "vbucket": ev.vbucket, "seqno": ev.seqno,
-                "key": ev.key.decode("utf-8", "backslashreplace"), "rev_seqno": ev.rev_seqno,
-                "cas": ev.cas}
+        return {
+            "type": ev.kind,
+            "vbucket": ev.vbucket,
+            "seqno": ev.seqno,
+            "key": ev.key.decode("utf-8", "backslashreplace"),
+            "rev_seqno": ev.rev_seqno,
+            "cas": ev.cas,
+        }
     if t is StreamEnd:
         return {"type": "stream_end", "vbucket": ev.vbucket, "reason": _end_reason(ev.reason)}
     if t is RollbackEvent:
@@ -79,8 +100,10 @@ def _event_line(ev: Any, width: int) -> str:
     if t is SnapshotMarker:
         return f"{vb} snapshot {ev.start}..{ev.end} [{', '.join(snapshot_flags(ev.flags))}]"
     if t is Mutation:
-        return (f"{vb}   #{ev.seqno:<8} mutation    {preview(bytes(ev.key), 0)} = "
-                f"{preview(bytes(ev.value), width)}")
+        return (
+            f"{vb}   #{ev.seqno:<8} mutation    {preview(bytes(ev.key), 0)} = "
+            f"{preview(bytes(ev.value), width)}"
+        )
     if t is Deletion or t is Expiration:
         return f"{vb}   #{ev.seqno:<8} {ev.kind:<11} {preview(bytes(ev.key), 0)}"
     if t is StreamEnd:
@@ -109,12 +132,21 @@ async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
     if not vbs:
         raise CtlError("every vbucket is dead: there is nothing to stream")
     start = StartFrom(args.start)
-    total = sum(highs[vb] for vb in vbs) if args.to_latest and start is StartFrom.BEGINNING \
-        else None
-    client = DcpClient(args.host, args.port, vbuckets=vbs, start=start,
-                       to_latest=args.to_latest, raw=True, include_expirations=True,
-                       name=f"dcpctl-tail-{os.getpid()}", connect_timeout=args.timeout,
-                       retry_timeout=args.timeout)
+    total = (
+        sum(highs[vb] for vb in vbs) if args.to_latest and start is StartFrom.BEGINNING else None
+    )
+    client = DcpClient(
+        args.host,
+        args.port,
+        vbuckets=vbs,
+        start=start,
+        to_latest=args.to_latest,
+        raw=True,
+        include_expirations=True,
+        name=f"dcpctl-tail-{os.getpid()}",
+        connect_timeout=args.timeout,
+        retry_timeout=args.timeout,
+    )
     last = dict.fromkeys(vbs, 0)
     counts = {"snapshots": 0, "mutations": 0, "deletions": 0, "expirations": 0}
     changes = 0
@@ -140,7 +172,9 @@ async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
     except (DcpClientError, StatusError) as exc:
         raise CtlError(f"streaming from {args.host}:{args.port} failed: {exc}") from None
     if not out.json_mode and (args.to_latest or args.limit):
-        out.line(f"-- {counts['mutations']} mutations, {counts['deletions']} deletions, "
-                 f"{counts['expirations']} expirations in {counts['snapshots']} snapshots "
-                 f"from {len(vbs)} vbuckets")
+        out.line(
+            f"-- {counts['mutations']} mutations, {counts['deletions']} deletions, "
+            f"{counts['expirations']} expirations in {counts['snapshots']} snapshots "
+            f"from {len(vbs)} vbuckets"
+        )
     return 0

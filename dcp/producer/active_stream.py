@@ -65,12 +65,23 @@ _ALLOWED = {
 class StreamOptions:
     """Per-connection choices that shape every frame of its streams."""
 
-    __slots__ = ("expiry_opcode", "include_delete_times", "keep_datatype", "no_value",
-                 "seqno_advanced")
+    __slots__ = (
+        "expiry_opcode",
+        "include_delete_times",
+        "keep_datatype",
+        "no_value",
+        "seqno_advanced",
+    )
 
-    def __init__(self, *, no_value: bool = False, include_delete_times: bool = False,
-                 expiry_opcode: bool = False, keep_datatype: bool = False,
-                 seqno_advanced: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        no_value: bool = False,
+        include_delete_times: bool = False,
+        expiry_opcode: bool = False,
+        keep_datatype: bool = False,
+        seqno_advanced: bool = False,
+    ) -> None:
         self.no_value = no_value
         #: control ``send_seqno_advanced``: end a disk snapshot whose last seqno has no
         #: item (a purged tombstone) with DCP_SEQNO_ADVANCED, so the client knows it is
@@ -97,9 +108,18 @@ _BACKFILL_DONE = object()
 class ActiveStream:
     """A DCP stream for one vbucket on one connection."""
 
-    def __init__(self, *, name: str, vbucket: Any, opaque: int, start_seqno: int,
-                 end_seqno: int, options: StreamOptions, history: bool = False,
-                 on_backfill: Callable[[ActiveStream], None]) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        vbucket: Any,
+        opaque: int,
+        start_seqno: int,
+        end_seqno: int,
+        options: StreamOptions,
+        history: bool = False,
+        on_backfill: Callable[[ActiveStream], None],
+    ) -> None:
         self.name = name
         self.vbucket = vbucket
         self.vbid: int = vbucket.vbid
@@ -192,8 +212,9 @@ class ActiveStream:
 
     # ------------------------------------------------------------------ backfill input
 
-    def push_backfill_marker(self, start: int, end: int, *,
-                             may_contain_duplicates: bool = False) -> None:
+    def push_backfill_marker(
+        self, start: int, end: int, *, may_contain_duplicates: bool = False
+    ) -> None:
         # The marker keeps the real snapshot end even past end_seqno: a client that asked
         # for a cut inside a (deduplicated) snapshot must be able to see that its cut is
         # not a consistent point. Items past end_seqno are never sent.
@@ -243,8 +264,9 @@ class ActiveStream:
                 if w.cur is not None:
                     return True
                 q = self._queue
-                if not self._cur_disk and (not q or q[0].__class__ is _Marker
-                                           or q[0] is _BACKFILL_DONE):
+                if not self._cur_disk and (
+                    not q or q[0].__class__ is _Marker or q[0] is _BACKFILL_DONE
+                ):
                     # the last segment of a memory snapshot: the snapshot is out
                     if self._cur_end > self.last_sent_seqno:
                         self.last_sent_seqno = self._cur_end
@@ -257,16 +279,22 @@ class ActiveStream:
                     frame = codec.stream_end(self.vbid, self.opaque, self.end_status)
                     buf += frame
                     buffer_log.record(len(frame))
-                    log.info("stream end %s vb=%d status=%s last_sent=%d", self.name, self.vbid,
-                             self.end_status.name, self.last_sent_seqno)
+                    log.info(
+                        "stream end %s vb=%d status=%s last_sent=%d",
+                        self.name,
+                        self.vbid,
+                        self.end_status.name,
+                        self.last_sent_seqno,
+                    )
                     self.release()
                 return False
             if not self._queue and not self._refill():
                 return False
             entry = self._queue.popleft()
             if entry.__class__ is _Marker:
-                frame = codec.snapshot_marker(self.vbid, self.opaque, entry.start, entry.end,
-                                              entry.flags)
+                frame = codec.snapshot_marker(
+                    self.vbid, self.opaque, entry.start, entry.end, entry.flags
+                )
                 buf += frame
                 buffer_log.record(len(frame))
                 self._cur_end = entry.end
@@ -288,8 +316,11 @@ class ActiveStream:
                             buf += frame
                             buffer_log.record(len(frame))
                         self.last_sent_seqno = min(self._cur_end, self.end_seqno)
-                if (self._cur_end >= self.end_seqno or self.last_sent_seqno >= self.end_seqno
-                        or self.skip_until >= self.end_seqno):
+                if (
+                    self._cur_end >= self.end_seqno
+                    or self.last_sent_seqno >= self.end_seqno
+                    or self.skip_until >= self.end_seqno
+                ):
                     # (skip_until: the disk covered the end even if it held no item there)
                     self.set_end(StreamEndStatus.OK)
             else:
@@ -364,8 +395,12 @@ class ActiveStream:
     def _cursor_dropped(self) -> None:
         """Our memory cursor was dropped for memory: continue from disk, no gap."""
         self.cursor_drops += 1
-        log.info("cursor dropped %s vb=%d last_sent=%d: falling back to backfill", self.name,
-                 self.vbid, self.last_sent_seqno)
+        log.info(
+            "cursor dropped %s vb=%d last_sent=%d: falling back to backfill",
+            self.name,
+            self.vbid,
+            self.last_sent_seqno,
+        )
         try:
             self.vbucket.checkpoints.remove_cursor(self.cursor)
         except (KeyError, ValueError):

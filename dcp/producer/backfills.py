@@ -53,14 +53,20 @@ class _ItemsChunk:
         self.segments = [items] if items else []
         self.count = len(items)
         self.nbytes = MUTATION_FRAME_OVERHEAD * len(items) + sum(
-            len(it.key) + len(it.value) for it in items)
+            len(it.key) + len(it.value) for it in items
+        )
 
 
 class Backfills:
     """The server's disk backfills (see the module rules)."""
 
-    def __init__(self, storage: LmdbStorage, config: ServerConfig, metrics: ServerMetrics,
-                 nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        storage: LmdbStorage,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+        nursery: trio.Nursery,
+    ) -> None:
         self.storage = storage
         self.config = config
         self.metrics = metrics
@@ -141,14 +147,18 @@ class Backfills:
                 if stopped():
                     return
                 avg = 256  # bytes per item, refined from each chunk
-                want = max(16, min(_BACKFILL_CHUNK,
-                                   max(limit - stream.backfill_bytes, avg) // avg))
+                want = max(16, min(_BACKFILL_CHUNK, max(limit - stream.backfill_bytes, avg) // avg))
                 async with disk:
                     scan, chunk = await trio.to_thread.run_sync(open_and_read, want)
                 end = scan.end_seqno
                 stream.history = bool(stream.history and scan.history)
-                log.debug("backfill start name=%s vb=%d from=%d disk_end=%d", stream.name,
-                          stream.vbid, from_seqno, end)
+                log.debug(
+                    "backfill start name=%s vb=%d from=%d disk_end=%d",
+                    stream.name,
+                    stream.vbid,
+                    from_seqno,
+                    end,
+                )
                 first = True
                 while not stopped():
                     if first:
@@ -158,7 +168,8 @@ class Backfills:
                         start = chunk.first or chunk.beyond
                         if start:
                             stream.push_backfill_marker(
-                                start, end, may_contain_duplicates=scan.may_contain_duplicates)
+                                start, end, may_contain_duplicates=scan.may_contain_duplicates
+                            )
                     if not chunk.count:
                         break
                     avg = max(64, chunk.nbytes // chunk.count)
@@ -178,8 +189,13 @@ class Backfills:
                     return
                 stream.push_backfill_done(end)
                 conn.mark_ready(stream)
-                log.debug("backfill end name=%s vb=%d items=%d disk_end=%d", stream.name,
-                          stream.vbid, sent, end)
+                log.debug(
+                    "backfill end name=%s vb=%d items=%d disk_end=%d",
+                    stream.name,
+                    stream.vbid,
+                    sent,
+                    end,
+                )
                 self.metrics.backfills_completed += 1
                 scan.close()
                 scan = None

@@ -69,8 +69,10 @@ async def _serve(cfg: ServerConfig) -> bool:
                 async for sig in signals:
                     seen += 1
                     if seen == 1:
-                        log.info("signal %s: shutting down gracefully (again to exit now)",
-                                 signal.Signals(sig).name)
+                        log.info(
+                            "signal %s: shutting down gracefully (again to exit now)",
+                            signal.Signals(sig).name,
+                        )
                         server.request_shutdown()
                     else:
                         log.warning("second signal: exiting immediately")
@@ -86,12 +88,16 @@ async def _serve(cfg: ServerConfig) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="dcp-server",
-        description="DCP change-streaming server (Couchbase memcached-binary DCP wire format).")
+        description="DCP change-streaming server (Couchbase memcached-binary DCP wire format).",
+    )
     add_arguments(parser)
-    parser.add_argument("--reset-data", action="store_true",
-                        help="if the data directory is damaged (truncated, emptied or "
-                             "missing data file), set the data file aside and start with "
-                             "an empty store; an intact store is left alone")
+    parser.add_argument(
+        "--reset-data",
+        action="store_true",
+        help="if the data directory is damaged (truncated, emptied or "
+        "missing data file), set the data file aside and start with "
+        "an empty store; an intact store is left alone",
+    )
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args)
@@ -126,8 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dcp-server: {data}: {leaf}", file=sys.stderr)
         return EXIT_FAILED
     if not clean:
-        print("dcp-server: stopped without persisting every acknowledged write (see the "
-              "log above)", file=sys.stderr)
+        print(
+            "dcp-server: stopped without persisting every acknowledged write (see the log above)",
+            file=sys.stderr,
+        )
         return EXIT_UNPERSISTED
     return EXIT_OK
 

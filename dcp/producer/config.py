@@ -85,24 +85,46 @@ class ServerConfig:
             raise ConfigError(f"num_vbuckets must be a power of two in 1..1024, not {n}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
-        for name in ("checkpoint_memory_quota", "max_item_size", "map_size", "send_batch_bytes",
-                     "flush_batch_items", "checkpoint_max_items", "connection_output_cap",
-                     "backfill_buffer_bytes", "max_concurrent_backfills", "total_output_cap",
-                     "max_connections"):
+        for name in (
+            "checkpoint_memory_quota",
+            "max_item_size",
+            "map_size",
+            "send_batch_bytes",
+            "flush_batch_items",
+            "checkpoint_max_items",
+            "connection_output_cap",
+            "backfill_buffer_bytes",
+            "max_concurrent_backfills",
+            "total_output_cap",
+            "max_connections",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("history_seconds", "history_bytes", "tombstone_purge_age",
-                     "checkpoint_retain_seconds", "flush_interval"):
+        for name in (
+            "history_seconds",
+            "history_bytes",
+            "tombstone_purge_age",
+            "checkpoint_retain_seconds",
+            "flush_interval",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, not {getattr(self, name)}")
-        for name in ("noop_interval", "idle_timeout", "expiry_interval", "compaction_interval",
-                     "gil_switch_interval", "kv_idle_timeout", "partial_frame_timeout",
-                     "durability_timeout"):
+        for name in (
+            "noop_interval",
+            "idle_timeout",
+            "expiry_interval",
+            "compaction_interval",
+            "gil_switch_interval",
+            "kv_idle_timeout",
+            "partial_frame_timeout",
+            "durability_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(
-                f"log_level must be DEBUG, INFO, WARNING or ERROR, not {self.log_level}")
+                f"log_level must be DEBUG, INFO, WARNING or ERROR, not {self.log_level}"
+            )
         return self
 
 
@@ -125,12 +147,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per setting (``--data-dir``, ``--num-vbuckets``...)."""
     parser.add_argument("--config", help="TOML file with settings (same names as the flags)")
     for f in fields(ServerConfig):
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                            help=f"default: {f.default}")
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"), dest=f.name, default=None, help=f"default: {f.default}"
+        )
 
 
-def load_config(args: argparse.Namespace | None = None,
-                environ: dict[str, str] | None = None) -> ServerConfig:
+def load_config(
+    args: argparse.Namespace | None = None, environ: dict[str, str] | None = None
+) -> ServerConfig:
     env = os.environ if environ is None else environ
     types = _types()
     values: dict[str, Any] = {}

@@ -38,22 +38,35 @@ async def run_timers(conn: Connection) -> None:
         now = trio.current_time()
         since = conn.partial_since
         if since is not None and now - since > cfg.partial_frame_timeout:
-            log.warning("incomplete frame from id=%d peer=%s for %.1f s (%g s allowed); "
-                        "closing", conn.id, conn.peer, now - since, cfg.partial_frame_timeout)
+            log.warning(
+                "incomplete frame from id=%d peer=%s for %.1f s (%g s allowed); closing",
+                conn.id,
+                conn.peer,
+                now - since,
+                cfg.partial_frame_timeout,
+            )
             metrics.partial_frame_closed += 1
             conn.close("partial frame timeout")
             return
         if not conn.streams and now - conn.last_read > cfg.kv_idle_timeout:
-            log.info("idle connection id=%d peer=%s: nothing read for %.0f s and no streams; "
-                     "closing", conn.id, conn.peer, now - conn.last_read)
+            log.info(
+                "idle connection id=%d peer=%s: nothing read for %.0f s and no streams; closing",
+                conn.id,
+                conn.peer,
+                now - conn.last_read,
+            )
             metrics.idle_closed += 1
             conn.close("idle timeout (kv_idle_timeout)")
             return
         if not session.noop_enabled or conn.dcp_name is None:
             continue
         if now - conn.last_read > cfg.idle_timeout:
-            log.warning("idle DCP client id=%d name=%s: nothing read for %.0f s; closing",
-                        conn.id, conn.dcp_name, now - conn.last_read)
+            log.warning(
+                "idle DCP client id=%d name=%s: nothing read for %.0f s; closing",
+                conn.id,
+                conn.dcp_name,
+                now - conn.last_read,
+            )
             conn.close("idle timeout")
             return
         noop = session.noop_due(now, bool(conn.streams))

@@ -62,8 +62,7 @@ def error_frame(opcode: int, status: int, opaque: int, message: str = "") -> byt
     """An error response whose value carries a JSON error context (as memcached's
     XERROR does) so operators and dissectors see why."""
     value = codec.json_value({"error": {"context": message}}) if message else b""
-    return codec.response(opcode, status, opaque=opaque, value=value,
-                          datatype=1 if value else 0)
+    return codec.response(opcode, status, opaque=opaque, value=value, datatype=1 if value else 0)
 
 
 class Pending:
@@ -72,8 +71,9 @@ class Pending:
 
     __slots__ = ("deadline", "frame", "late", "seqno", "vbid")
 
-    def __init__(self, vbid: int, seqno: int, frame: bytes, deadline: float = math.inf,
-                 late: bytes = b"") -> None:
+    def __init__(
+        self, vbid: int, seqno: int, frame: bytes, deadline: float = math.inf, late: bytes = b""
+    ) -> None:
         self.vbid = vbid
         self.seqno = seqno
         self.frame = frame
@@ -82,8 +82,9 @@ class Pending:
 
 
 class Connection:
-    def __init__(self, server: DcpServer, stream: trio.SocketStream,
-                 handlers: HandlerTable | None = None) -> None:
+    def __init__(
+        self, server: DcpServer, stream: trio.SocketStream, handlers: HandlerTable | None = None
+    ) -> None:
         self.server = server
         #: what the reader dispatches to (None: the server's table, dispatch.py)
         self.handlers = handlers or server.handlers
@@ -96,8 +97,11 @@ class Connection:
         cfg = server.config
         self.opened_at = trio.current_time()
         #: the wire state: request framing, noops, flow control (dcp.protocol)
-        self.session = ServerSession(max_body_size=cfg.max_item_size + 4096,
-                                     noop_interval=cfg.noop_interval, started=self.opened_at)
+        self.session = ServerSession(
+            max_body_size=cfg.max_item_size + 4096,
+            noop_interval=cfg.noop_interval,
+            started=self.opened_at,
+        )
         # HELLO
         self.agent = ""
         self.features: set[int] = set()
@@ -135,17 +139,19 @@ class Connection:
         self._response_bytes += len(frame)
         self._wake.set()
 
-    def respond_when_persisted(self, vbid: int, seqno: int, frame: bytes, opcode: int,
-                               opaque: int, timeout: float) -> None:
+    def respond_when_persisted(
+        self, vbid: int, seqno: int, frame: bytes, opcode: int, opaque: int, timeout: float
+    ) -> None:
         """Queue ``frame`` for when ``seqno`` is persisted; ``timeout`` seconds from now
         the answer becomes SYNC_WRITE_AMBIGUOUS (ETMPFAIL if the client did not ask for
         extended errors): the write may or may not become durable."""
-        status = Status.SYNC_WRITE_AMBIGUOUS if HelloFeature.XERROR in self.features \
-            else Status.ETMPFAIL
-        late = error_frame(opcode, status, opaque,
-                           f"durability timeout: not persisted within {timeout:g} s")
-        self._responses.append(Pending(vbid, seqno, frame, trio.current_time() + timeout,
-                                       late))
+        status = (
+            Status.SYNC_WRITE_AMBIGUOUS if HelloFeature.XERROR in self.features else Status.ETMPFAIL
+        )
+        late = error_frame(
+            opcode, status, opaque, f"durability timeout: not persisted within {timeout:g} s"
+        )
+        self._responses.append(Pending(vbid, seqno, frame, trio.current_time() + timeout, late))
         self._response_bytes += len(frame)
         self._pending_durable += 1
         self._wake.set()
@@ -200,8 +206,13 @@ class Connection:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(1):
                     await self.stream.aclose()
-            log.info("connection closed id=%d peer=%s name=%s reason=%s", self.id, self.peer,
-                     self.dcp_name, self.close_reason or "client closed")
+            log.info(
+                "connection closed id=%d peer=%s name=%s reason=%s",
+                self.id,
+                self.peer,
+                self.dcp_name,
+                self.close_reason or "client closed",
+            )
 
     def _release_streams(self) -> None:
         for stream in list(self.streams.values()):
@@ -307,10 +318,15 @@ class Connection:
     def _durable_timed_out(self, entry: Pending) -> None:
         metrics = self.server.metrics
         if not metrics.durable_timeouts:
-            log.warning("durable write timed out id=%d peer=%s vb=%d seqno=%d (persisted "
-                        "%d): answered ambiguous; counted in durable_write_timeouts", self.id,
-                        self.peer, entry.vbid, entry.seqno,
-                        self.server.persistence.persisted_seqno(entry.vbid))
+            log.warning(
+                "durable write timed out id=%d peer=%s vb=%d seqno=%d (persisted "
+                "%d): answered ambiguous; counted in durable_write_timeouts",
+                self.id,
+                self.peer,
+                entry.vbid,
+                entry.seqno,
+                self.server.persistence.persisted_seqno(entry.vbid),
+            )
         metrics.durable_timeouts += 1
 
     def has_pending_durable(self) -> bool:

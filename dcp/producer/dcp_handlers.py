@@ -54,8 +54,12 @@ def dcp_open(conn: Connection, f: Frame) -> None:
         conn.error(f.opcode, Status.EINVAL, f.opaque, "notifier connections no longer exist")
         return
     if not flags & DcpOpenFlag.PRODUCER:
-        conn.error(f.opcode, Status.NOT_SUPPORTED, f.opaque,
-                   "consumer DCP connections are not supported; set the producer flag 0x1")
+        conn.error(
+            f.opcode,
+            Status.NOT_SUPPORTED,
+            f.opaque,
+            "consumer DCP connections are not supported; set the producer flag 0x1",
+        )
         return
     if flags & DcpOpenFlag.NO_VALUE and flags & DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE:
         conn.error(f.opcode, Status.EINVAL, f.opaque, "open flags 0x8 and 0x40 are exclusive")
@@ -63,8 +67,9 @@ def dcp_open(conn: Connection, f: Frame) -> None:
     conn.dcp_name = name.decode("utf-8", "replace")
     conn.dcp_flags = flags
     conn.options = StreamOptions(
-        no_value=bool(flags & (DcpOpenFlag.NO_VALUE
-                               | DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE)),
+        no_value=bool(
+            flags & (DcpOpenFlag.NO_VALUE | DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE)
+        ),
         include_delete_times=bool(flags & DcpOpenFlag.INCLUDE_DELETE_TIMES),
         keep_datatype=bool(flags & DcpOpenFlag.NO_VALUE_WITH_UNDERLYING_DATATYPE),
     )
@@ -110,8 +115,10 @@ def control(conn: Connection, f: Frame) -> None:
         if val != "true":
             return bad("can only be turned on")
         if not conn.server.history_enabled:
-            return bad("the server keeps no history (history_seconds/history_bytes are 0)",
-                       Status.NOT_SUPPORTED)
+            return bad(
+                "the server keeps no history (history_seconds/history_bytes are 0)",
+                Status.NOT_SUPPORTED,
+            )
         conn.change_streams = True
     elif key == "set_priority":
         if val not in ("high", "medium", "low"):
@@ -155,38 +162,80 @@ def stream_req(conn: Connection, f: Frame) -> None:
         return
     vb = bucket.vbucket(vbid)
     decision = decide_stream_request(
-        failover_log=list(vb.failover_log.entries), high_seqno=vb.high_seqno,
-        purge_seqno=vb.purge_seqno, persisted_seqno=vb.persisted_seqno, vb_state=vb.state,
-        start=req.start_seqno, end=req.end_seqno, vb_uuid=req.vb_uuid,
-        snap_start=req.snap_start_seqno, snap_end=req.snap_end_seqno, flags=req.flags,
+        failover_log=list(vb.failover_log.entries),
+        high_seqno=vb.high_seqno,
+        purge_seqno=vb.purge_seqno,
+        persisted_seqno=vb.persisted_seqno,
+        vb_state=vb.state,
+        start=req.start_seqno,
+        end=req.end_seqno,
+        vb_uuid=req.vb_uuid,
+        snap_start=req.snap_start_seqno,
+        snap_end=req.snap_end_seqno,
+        flags=req.flags,
         client_purge_seqno=_client_purge_seqno(req.value),
     )
     if decision.kind is DecisionKind.ROLLBACK:
-        log.info("stream request name=%s vb=%d start=%d uuid=%d snap=[%d,%d] -> rollback to %d "
-                 "(%s)", conn.dcp_name, vbid, req.start_seqno, req.vb_uuid,
-                 req.snap_start_seqno, req.snap_end_seqno, decision.rollback_seqno,
-                 decision.reason)
+        log.info(
+            "stream request name=%s vb=%d start=%d uuid=%d snap=[%d,%d] -> rollback to %d (%s)",
+            conn.dcp_name,
+            vbid,
+            req.start_seqno,
+            req.vb_uuid,
+            req.snap_start_seqno,
+            req.snap_end_seqno,
+            decision.rollback_seqno,
+            decision.reason,
+        )
         server.metrics.rollbacks += 1
-        conn.respond(codec.response(Opcode.DCP_STREAM_REQ, Status.ROLLBACK, opaque=f.opaque,
-                                    value=codec.U64.pack(decision.rollback_seqno)))
+        conn.respond(
+            codec.response(
+                Opcode.DCP_STREAM_REQ,
+                Status.ROLLBACK,
+                opaque=f.opaque,
+                value=codec.U64.pack(decision.rollback_seqno),
+            )
+        )
         return
     if decision.kind is not DecisionKind.ACCEPT:
-        log.info("stream request name=%s vb=%d start=%d end=%d -> %s (%s)", conn.dcp_name,
-                 vbid, req.start_seqno, req.end_seqno, Status(decision.status).name,
-                 decision.reason)
+        log.info(
+            "stream request name=%s vb=%d start=%d end=%d -> %s (%s)",
+            conn.dcp_name,
+            vbid,
+            req.start_seqno,
+            req.end_seqno,
+            Status(decision.status).name,
+            decision.reason,
+        )
         conn.error(f.opcode, decision.status, f.opaque, decision.reason)
         return
     stream = ActiveStream(
-        name=f"{conn.dcp_name}:{vbid}:{f.opaque}", vbucket=vb, opaque=f.opaque,
-        start_seqno=decision.start, end_seqno=decision.end, options=conn.options,
-        history=conn.change_streams, on_backfill=server.backfills.start,
+        name=f"{conn.dcp_name}:{vbid}:{f.opaque}",
+        vbucket=vb,
+        opaque=f.opaque,
+        start_seqno=decision.start,
+        end_seqno=decision.end,
+        options=conn.options,
+        history=conn.change_streams,
+        on_backfill=server.backfills.start,
     )
-    conn.respond(codec.response(Opcode.DCP_STREAM_REQ, opaque=f.opaque,
-                                value=codec.failover_log_value(list(vb.failover_log.entries))))
+    conn.respond(
+        codec.response(
+            Opcode.DCP_STREAM_REQ,
+            opaque=f.opaque,
+            value=codec.failover_log_value(list(vb.failover_log.entries)),
+        )
+    )
     conn.streams[vbid] = stream
     server.stream_registry.add(conn, stream)
-    log.info("stream request name=%s vb=%d start=%d end=%d uuid=%d -> accepted", conn.dcp_name,
-             vbid, decision.start, decision.end, decision.vb_uuid)
+    log.info(
+        "stream request name=%s vb=%d start=%d end=%d uuid=%d -> accepted",
+        conn.dcp_name,
+        vbid,
+        decision.start,
+        decision.end,
+        decision.vb_uuid,
+    )
     stream.activate()
     if decision.end < vb.high_seqno or (decision.end == vb.high_seqno and decision.end):
         # A finite stream ends on a boundary that later writes can no longer dedup into.
@@ -218,8 +267,11 @@ def get_failover_log(conn: Connection, f: Frame) -> None:
         conn.error(f.opcode, Status.NOT_MY_VBUCKET, f.opaque, f"no vbucket {f.vbucket}")
         return
     entries = list(bucket.vbucket(f.vbucket).failover_log.entries)
-    conn.respond(codec.response(Opcode.DCP_GET_FAILOVER_LOG, opaque=f.opaque,
-                                value=codec.failover_log_value(entries)))
+    conn.respond(
+        codec.response(
+            Opcode.DCP_GET_FAILOVER_LOG, opaque=f.opaque, value=codec.failover_log_value(entries)
+        )
+    )
 
 
 def buffer_ack(conn: Connection, f: Frame) -> None:
@@ -232,8 +284,13 @@ def buffer_ack(conn: Connection, f: Frame) -> None:
 def handle_response(conn: Connection, r: Rejected) -> None:
     """The client refused a DCP message we sent (the session reports it): kv_engine
     closes such a connection, and so do we."""
-    log.warning("client id=%d name=%s answered opcode 0x%02x with status 0x%02x; closing",
-                conn.id, conn.dcp_name, r.opcode, r.status)
+    log.warning(
+        "client id=%d name=%s answered opcode 0x%02x with status 0x%02x; closing",
+        conn.id,
+        conn.dcp_name,
+        r.opcode,
+        r.status,
+    )
     conn.close(f"client rejected opcode 0x{r.opcode:02x}")
 
 

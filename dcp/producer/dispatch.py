@@ -51,5 +51,9 @@ class HandlerTable:
     set_run: SetRun
 
 
-HANDLERS = HandlerTable(requests={**KV_HANDLERS, **DCP_HANDLERS}, unknown=unknown_command,
-                        response=handle_response, set_run=set_run)
+HANDLERS = HandlerTable(
+    requests={**KV_HANDLERS, **DCP_HANDLERS},
+    unknown=unknown_command,
+    response=handle_response,
+    set_run=set_run,
+)

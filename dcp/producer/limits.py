@@ -47,16 +47,18 @@ _MAX_BACKOFF = 1.0
 _GUARD_PERIOD = 0.25
 
 
-async def accept_connections(server: DcpServer, listeners: list[trio.SocketListener],
-                             conns: trio.Nursery) -> None:
+async def accept_connections(
+    server: DcpServer, listeners: list[trio.SocketListener], conns: trio.Nursery
+) -> None:
     """Accept on every listener until cancelled; connections run in ``conns``."""
     async with trio.open_nursery() as nursery:
         for listener in listeners:
             nursery.start_soon(_accept_loop, server, listener, conns)
 
 
-async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
-                       conns: trio.Nursery) -> None:
+async def _accept_loop(
+    server: DcpServer, listener: trio.SocketListener, conns: trio.Nursery
+) -> None:
     metrics = server.metrics
     refused_logged_at = -_LOG_INTERVAL
 
@@ -66,9 +68,11 @@ async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
             metrics.connections_refused += 1
             now = trio.current_time()
             if now - refused_logged_at >= _LOG_INTERVAL:
-                log.warning("refusing connections: max_connections=%d are open "
-                            "(%d refused so far)", server.config.max_connections,
-                            metrics.connections_refused)
+                log.warning(
+                    "refusing connections: max_connections=%d are open (%d refused so far)",
+                    server.config.max_connections,
+                    metrics.connections_refused,
+                )
                 refused_logged_at = now
             await trio.aclose_forcefully(stream)
             return
@@ -81,9 +85,12 @@ async def _accept_loop(server: DcpServer, listener: trio.SocketListener,
     await accept_with_backoff(listener, admit, metrics, "connections")
 
 
-async def accept_with_backoff(listener: trio.SocketListener,
-                              admit: Callable[[trio.SocketStream], Awaitable[None]],
-                              metrics: ServerMetrics, what: str) -> None:
+async def accept_with_backoff(
+    listener: trio.SocketListener,
+    admit: Callable[[trio.SocketStream], Awaitable[None]],
+    metrics: ServerMetrics,
+    what: str,
+) -> None:
     """Accept on ``listener`` until cancelled, handing each stream to ``admit`` (which
     starts its task or closes it). Out of descriptors or memory, back off and log at most
     once per ``_LOG_INTERVAL`` (see the module rules); each failure counts in
@@ -102,9 +109,14 @@ async def accept_with_backoff(listener: trio.SocketListener,
                 failures += 1
                 now = trio.current_time()
                 if now - logged_at >= _LOG_INTERVAL:
-                    log.error("cannot accept %s: %s (%d failures since the last report; "
-                              "retrying, at most every %.1f s)", what,
-                              exc.strerror or exc, failures, _MAX_BACKOFF)
+                    log.error(
+                        "cannot accept %s: %s (%d failures since the last report; "
+                        "retrying, at most every %.1f s)",
+                        what,
+                        exc.strerror or exc,
+                        failures,
+                        _MAX_BACKOFF,
+                    )
                     logged_at = now
                     failures = 0
                 await trio.sleep(backoff)
@@ -129,13 +141,23 @@ def shed_output(server: DcpServer) -> int:
         if total <= cap or not held:
             break
         unsent = conn.unsent_bytes
-        log.warning("connection memory %d bytes (unsent output + buffered input) is over "
-                    "total_output_cap=%d: closing id=%d peer=%s name=%s, which holds %d "
-                    "unsent and %d buffered input bytes", total, cap, conn.id, conn.peer,
-                    conn.dcp_name, unsent, held - unsent)
+        log.warning(
+            "connection memory %d bytes (unsent output + buffered input) is over "
+            "total_output_cap=%d: closing id=%d peer=%s name=%s, which holds %d "
+            "unsent and %d buffered input bytes",
+            total,
+            cap,
+            conn.id,
+            conn.peer,
+            conn.dcp_name,
+            unsent,
+            held - unsent,
+        )
         server.metrics.connections_shed += 1
-        conn.close(f"memory over total_output_cap ({unsent} unsent bytes, "
-                   f"{held - unsent} buffered input bytes)")
+        conn.close(
+            f"memory over total_output_cap ({unsent} unsent bytes, "
+            f"{held - unsent} buffered input bytes)"
+        )
         total -= held
         closed += 1
     return closed

@@ -86,72 +86,105 @@ class MetricsCollector:
             ops.add_metric([_opname(op)], n)
         yield ops
         yield CounterMetricFamily("dcp_bytes_sent", "Bytes written to clients", value=m.bytes_out)
-        yield CounterMetricFamily("dcp_rollbacks_answered", "Stream requests answered ROLLBACK",
-                                  value=m.rollbacks)
-        yield CounterMetricFamily("dcp_backfills_started", "Disk backfills started",
-                                  value=m.backfills_started)
-        yield CounterMetricFamily("dcp_backfills_completed", "Disk backfills completed",
-                                  value=m.backfills_completed)
-        yield CounterMetricFamily("dcp_flushes", "Flusher transactions committed",
-                                  value=m.flushes)
-        yield CounterMetricFamily("dcp_flush_errors", "Flusher transactions that failed",
-                                  value=m.flush_errors)
-        yield CounterMetricFamily("dcp_connections_accepted", "Connections accepted",
-                                  value=m.connections_total)
-        yield CounterMetricFamily("dcp_connections_refused", "Connections refused at accept: "
-                                  "max_connections were open", value=m.connections_refused)
-        yield CounterMetricFamily("dcp_accept_errors", "accept() failures (out of file "
-                                  "descriptors or memory)", value=m.accept_errors)
-        closed = CounterMetricFamily("dcp_connections_closed_by_limit", "Connections the "
-                                     "server closed to enforce a limit", labels=["limit"])
+        yield CounterMetricFamily(
+            "dcp_rollbacks_answered", "Stream requests answered ROLLBACK", value=m.rollbacks
+        )
+        yield CounterMetricFamily(
+            "dcp_backfills_started", "Disk backfills started", value=m.backfills_started
+        )
+        yield CounterMetricFamily(
+            "dcp_backfills_completed", "Disk backfills completed", value=m.backfills_completed
+        )
+        yield CounterMetricFamily("dcp_flushes", "Flusher transactions committed", value=m.flushes)
+        yield CounterMetricFamily(
+            "dcp_flush_errors", "Flusher transactions that failed", value=m.flush_errors
+        )
+        yield CounterMetricFamily(
+            "dcp_connections_accepted", "Connections accepted", value=m.connections_total
+        )
+        yield CounterMetricFamily(
+            "dcp_connections_refused",
+            "Connections refused at accept: max_connections were open",
+            value=m.connections_refused,
+        )
+        yield CounterMetricFamily(
+            "dcp_accept_errors",
+            "accept() failures (out of file descriptors or memory)",
+            value=m.accept_errors,
+        )
+        closed = CounterMetricFamily(
+            "dcp_connections_closed_by_limit",
+            "Connections the server closed to enforce a limit",
+            labels=["limit"],
+        )
         closed.add_metric(["total_output_cap"], m.connections_shed)
         closed.add_metric(["kv_idle_timeout"], m.idle_closed)
         closed.add_metric(["partial_frame_timeout"], m.partial_frame_closed)
         yield closed
-        yield CounterMetricFamily("dcp_durable_write_timeouts", "Durable writes answered "
-                                  "ambiguous (or ETMPFAIL) at their durability timeout",
-                                  value=m.durable_timeouts)
-        yield GaugeMetricFamily("dcp_output_bytes", "Output queued or being sent to all "
-                                "connections (bounded by total_output_cap)",
-                                value=s.output_bytes())
+        yield CounterMetricFamily(
+            "dcp_durable_write_timeouts",
+            "Durable writes answered ambiguous (or ETMPFAIL) at their durability timeout",
+            value=m.durable_timeouts,
+        )
+        yield GaugeMetricFamily(
+            "dcp_output_bytes",
+            "Output queued or being sent to all connections (bounded by total_output_cap)",
+            value=s.output_bytes(),
+        )
         b = s.bucket
-        conns = GaugeMetricFamily("dcp_connections", "Open connections by type (kv, dcp)",
-                                  labels=["type"])
+        conns = GaugeMetricFamily(
+            "dcp_connections", "Open connections by type (kv, dcp)", labels=["type"]
+        )
         dcp_conns = sum(1 for c in s.connections if c.dcp_name)
         conns.add_metric(["kv"], len(s.connections) - dcp_conns)
         conns.add_metric(["dcp"], dcp_conns)
         yield conns
-        yield GaugeMetricFamily("dcp_checkpoint_memory_bytes", "Checkpoint memory in use",
-                                value=b.checkpoint_memory())
-        yield GaugeMetricFamily("dcp_checkpoint_memory_quota_bytes", "Checkpoint memory quota",
-                                value=b.checkpoint_memory_quota)
-        yield GaugeMetricFamily("dcp_checkpoint_retained_bytes",
-                                "Checkpoint memory kept only by checkpoint_retain_seconds",
-                                value=b.checkpoint_retained())
-        yield GaugeMetricFamily("dcp_flusher_queue_items", "Items waiting to be persisted",
-                                value=b.flusher.pending_items())
+        yield GaugeMetricFamily(
+            "dcp_checkpoint_memory_bytes", "Checkpoint memory in use", value=b.checkpoint_memory()
+        )
+        yield GaugeMetricFamily(
+            "dcp_checkpoint_memory_quota_bytes",
+            "Checkpoint memory quota",
+            value=b.checkpoint_memory_quota,
+        )
+        yield GaugeMetricFamily(
+            "dcp_checkpoint_retained_bytes",
+            "Checkpoint memory kept only by checkpoint_retain_seconds",
+            value=b.checkpoint_retained(),
+        )
+        yield GaugeMetricFamily(
+            "dcp_flusher_queue_items",
+            "Items waiting to be persisted",
+            value=b.flusher.pending_items(),
+        )
         high = persisted = 0
         for vb in range(b.num_vbuckets):
             v = b.vbucket(vb)
             high += v.high_seqno
             persisted += v.persisted_seqno
-        yield CounterMetricFamily("dcp_items_queued", "Items queued (sum of high seqnos)",
-                                  value=high)
-        yield CounterMetricFamily("dcp_items_persisted", "Items persisted (sum of persisted "
-                                  "seqnos)", value=persisted)
-        yield GaugeMetricFamily("dcp_flusher_lag_items", "Queued minus persisted seqnos",
-                                value=high - persisted)
+        yield CounterMetricFamily(
+            "dcp_items_queued", "Items queued (sum of high seqnos)", value=high
+        )
+        yield CounterMetricFamily(
+            "dcp_items_persisted", "Items persisted (sum of persisted seqnos)", value=persisted
+        )
+        yield GaugeMetricFamily(
+            "dcp_flusher_lag_items", "Queued minus persisted seqnos", value=high - persisted
+        )
         phases = GaugeMetricFamily("dcp_streams", "Open streams by phase", labels=["phase"])
         counts: Counter[str] = Counter(st.state.value for st in s.streams())
         for phase in ("pending", "backfilling", "in-memory", "dead"):
             phases.add_metric([phase], counts.get(phase, 0))
         yield phases
         # The bucket's total: a per-stream sum would shrink whenever a stream ends.
-        yield CounterMetricFamily("dcp_cursors_dropped", "Stream cursors dropped for memory",
-                                  value=b.cursors_dropped)
-        yield CounterMetricFamily("dcp_flusher_items_written", "Items in the flusher's "
-                                  "committed batches",
-                                  value=b.flusher.items_written)
+        yield CounterMetricFamily(
+            "dcp_cursors_dropped", "Stream cursors dropped for memory", value=b.cursors_dropped
+        )
+        yield CounterMetricFamily(
+            "dcp_flusher_items_written",
+            "Items in the flusher's committed batches",
+            value=b.flusher.items_written,
+        )
 
 
 def render(server: ServerView) -> bytes:
@@ -172,12 +205,16 @@ async def _handle(server: ServerView, stream: Any) -> None:
             line = data.split(b"\r\n", 1)[0].split()
             if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
                 body = render(server)
-                head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+                head = (
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+                )
             else:
                 body = b"not found\n"
-                head = (b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n"
-                        b"Connection: close\r\n\r\n" % len(body))
+                head = (
+                    b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n"
+                    b"Connection: close\r\n\r\n" % len(body)
+                )
             await stream.send_all(head + body)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
@@ -185,8 +222,9 @@ async def _handle(server: ServerView, stream: Any) -> None:
         await trio.aclose_forcefully(stream)
 
 
-async def serve_metrics(server: ServerView, host: str, port: int, *,
-                        task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_metrics(
+    server: ServerView, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
     """Serve ``GET /metrics`` on ``host``:``port`` (0 = ephemeral); the bound port is
     what ``nursery.start`` returns."""
     listeners = await trio.open_tcp_listeners(port, host=host)
@@ -202,6 +240,7 @@ async def serve_metrics(server: ServerView, host: str, port: int, *,
             busy -= 1
 
     async with trio.open_nursery() as nursery:
+
         async def admit(stream: trio.SocketStream) -> None:
             if busy >= MAX_METRICS_CONNECTIONS:  # scrapers are few: this is a flood
                 await trio.aclose_forcefully(stream)
@@ -209,5 +248,6 @@ async def serve_metrics(server: ServerView, host: str, port: int, *,
             nursery.start_soon(serve, stream)
 
         for listener in listeners:
-            nursery.start_soon(accept_with_backoff, listener, admit, server.metrics,
-                               "metrics connections")
+            nursery.start_soon(
+                accept_with_backoff, listener, admit, server.metrics, "metrics connections"
+            )

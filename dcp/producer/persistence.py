@@ -48,8 +48,14 @@ class DurableWaiter(Protocol):
 class Persistence:
     """Flushing and compaction of one bucket (see the module rules)."""
 
-    def __init__(self, bucket: Bucket, config: ServerConfig, metrics: ServerMetrics,
-                 waiters: Collection[DurableWaiter], clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        bucket: Bucket,
+        config: ServerConfig,
+        metrics: ServerMetrics,
+        waiters: Collection[DurableWaiter],
+        clock: Callable[[], float],
+    ) -> None:
         self.bucket = bucket
         self.config = config
         self.metrics = metrics
@@ -159,9 +165,12 @@ class Persistence:
                 return True
             except StorageFullError:
                 new_size = storage.map_size * 2
-                log.warning("LMDB map full at shutdown: growing it to %d bytes to persist "
-                            "%d acknowledged items", new_size,
-                            self.bucket.flusher.pending_items())
+                log.warning(
+                    "LMDB map full at shutdown: growing it to %d bytes to persist "
+                    "%d acknowledged items",
+                    new_size,
+                    self.bucket.flusher.pending_items(),
+                )
                 try:
                     await trio.to_thread.run_sync(storage.grow_map, new_size)
                 except StorageError as exc:
@@ -170,9 +179,11 @@ class Persistence:
             except StorageError as exc:
                 log.error("final flush failed: %s", exc)
                 break
-        log.error("shutdown could not persist everything: %d acknowledged items (up to) are "
-                  "lost; the next start treats this stop as a crash",
-                  self.bucket.flusher.pending_items())
+        log.error(
+            "shutdown could not persist everything: %d acknowledged items (up to) are "
+            "lost; the next start treats this stop as a crash",
+            self.bucket.flusher.pending_items(),
+        )
         return False
 
     def _durable_waiting(self) -> bool:

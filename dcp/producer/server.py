@@ -57,10 +57,14 @@ def _random_uuid() -> int:
 class DcpServer:
     """A running server. Use ``async with DcpServer(config) as server`` or ``run()``."""
 
-    def __init__(self, config: ServerConfig | None = None, *,
-                 clock: Callable[[], float] = time.time,
-                 uuid_source: Callable[[], int] = _random_uuid,
-                 handlers: HandlerTable = HANDLERS) -> None:
+    def __init__(
+        self,
+        config: ServerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        uuid_source: Callable[[], int] = _random_uuid,
+        handlers: HandlerTable = HANDLERS,
+    ) -> None:
         self.config = (config or ServerConfig()).validate()
         self.clock = clock
         self.uuid_source = uuid_source
@@ -99,12 +103,15 @@ class DcpServer:
     def _engine_config(self) -> EngineConfig:
         c = self.config
         return EngineConfig(
-            num_vbuckets=c.num_vbuckets, max_value_size=c.max_item_size,
+            num_vbuckets=c.num_vbuckets,
+            max_value_size=c.max_item_size,
             checkpoint_max_items=c.checkpoint_max_items,
             checkpoint_memory_quota=c.checkpoint_memory_quota,
             checkpoint_retain_seconds=c.checkpoint_retain_seconds,
-            history_seconds=c.history_seconds, history_bytes=c.history_bytes,
-            tombstone_purge_age=c.tombstone_purge_age, map_size=c.map_size,
+            history_seconds=c.history_seconds,
+            history_bytes=c.history_bytes,
+            tombstone_purge_age=c.tombstone_purge_age,
+            map_size=c.map_size,
         )
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -113,14 +120,21 @@ class DcpServer:
         # migration) or fail, and the operator must know which directory it was.
         log.info("opening data_dir=%s", Path(self.config.data_dir).resolve())
         Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
-        bucket = await trio.to_thread.run_sync(functools.partial(
-            Bucket.open, self.config.data_dir, self._engine_config(), clock=self.clock,
-            uuid_source=self.uuid_source))
+        bucket = await trio.to_thread.run_sync(
+            functools.partial(
+                Bucket.open,
+                self.config.data_dir,
+                self._engine_config(),
+                clock=self.clock,
+                uuid_source=self.uuid_source,
+            )
+        )
         try:
             self.bucket = bucket
             self.vbuckets = tuple(bucket.vbuckets)
-            persistence = self.persistence = Persistence(bucket, self.config, self.metrics,
-                                                         self.connections, self.clock)
+            persistence = self.persistence = Persistence(
+                bucket, self.config, self.metrics, self.connections, self.clock
+            )
             registry = self.stream_registry = StreamRegistry(on_new_items=persistence.wake)
             bucket.add_listener(registry.mark_dirty)
             async with trio.open_nursery() as bg:
@@ -128,20 +142,27 @@ class DcpServer:
                 bg.start_soon(persistence.run_flusher)
                 bg.start_soon(self._run_expiry)
                 bg.start_soon(persistence.run_compaction)
-                bg.start_soon(registry.run_housekeeping, bucket,
-                              self.config.checkpoint_retain_seconds)
+                bg.start_soon(
+                    registry.run_housekeeping, bucket, self.config.checkpoint_retain_seconds
+                )
                 bg.start_soon(guard_output, self)
                 if self.config.metrics_port:
                     self.metrics_port = await bg.start(
-                        serve_metrics, self, self.config.host, self.config.metrics_port)
+                        serve_metrics, self, self.config.host, self.config.metrics_port
+                    )
                 async with trio.open_nursery() as conns:
-                    listeners = await trio.open_tcp_listeners(self.config.port,
-                                                              host=self.config.host)
+                    listeners = await trio.open_tcp_listeners(
+                        self.config.port, host=self.config.host
+                    )
                     self.port = listeners[0].socket.getsockname()[1]
                     conns.start_soon(self._accept, listeners, conns)
-                    log.info("listening host=%s port=%d data_dir=%s vbuckets=%d",
-                             self.config.host, self.port, Path(self.config.data_dir).resolve(),
-                             bucket.num_vbuckets)
+                    log.info(
+                        "listening host=%s port=%d data_dir=%s vbuckets=%d",
+                        self.config.host,
+                        self.port,
+                        Path(self.config.data_dir).resolve(),
+                        bucket.num_vbuckets,
+                    )
                     task_status.started(self)
                     await self._shutdown.wait()
                     await self._stop_connections()
@@ -154,7 +175,8 @@ class DcpServer:
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(
-                    functools.partial(bucket.close, clean=self.clean_shutdown))
+                    functools.partial(bucket.close, clean=self.clean_shutdown)
+                )
             log.info("stopped clean=%s", self.clean_shutdown)
             self._stopped.set()
 
@@ -267,8 +289,9 @@ class DcpServer:
 
 
 @contextlib.asynccontextmanager
-async def open_server(config: ServerConfig | None = None,
-                      **kwargs: Any) -> AsyncIterator[DcpServer]:
+async def open_server(
+    config: ServerConfig | None = None, **kwargs: Any
+) -> AsyncIterator[DcpServer]:
     """``async with open_server(cfg) as server:`` — for tests and embedding."""
     server = DcpServer(config, **kwargs)
     async with server:

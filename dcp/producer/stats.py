@@ -195,4 +195,3 @@ def stat_units(server: ServerView, group: str) -> Iterator[Pairs]:
     if whole is None:
         raise KeyError(name)
     return whole(server)
-

@@ -39,8 +39,17 @@ _EXP = Opcode.DCP_EXPIRATION
 class FrameWriter:
     """Frame output of one stream (see the module rules)."""
 
-    __slots__ = ("bytes_sent", "cur", "i", "items_sent", "last_seqno", "opaque",
-                 "opaque_bytes", "options", "vbid")
+    __slots__ = (
+        "bytes_sent",
+        "cur",
+        "i",
+        "items_sent",
+        "last_seqno",
+        "opaque",
+        "opaque_bytes",
+        "options",
+        "vbid",
+    )
 
     def __init__(self, vbid: int, opaque: int, options: Any, last_seqno: int) -> None:
         self.vbid = vbid
@@ -58,8 +67,7 @@ class FrameWriter:
         self.cur = segment
         self.i = 0
 
-    def write_items(self, buf: bytearray, buffer_log: Any, max_bytes: int,
-                    count_disk: int) -> int:
+    def write_items(self, buf: bytearray, buffer_log: Any, max_bytes: int, count_disk: int) -> int:
         """The hot path: encode items of the current snapshot. Mutations use the body the
         engine encoded once; only the 24-byte header is packed per stream. Returns the
         disk bytes to count out (0 unless ``count_disk``)."""
@@ -112,8 +120,7 @@ class FrameWriter:
             return sum(overhead + len(it.key) + len(it.value) for it in items[i0:i])
         return 0
 
-    def write_run(self, buf: bytearray, buffer_log: Any, max_bytes: int,
-                  count_disk: int) -> int:
+    def write_run(self, buf: bytearray, buffer_log: Any, max_bytes: int, count_disk: int) -> int:
         """The hot path: copy frames of a wire run, as many as the batch and the window
         allow (the last one may overshoot, as with items), patching in our opaque.
         Returns the disk bytes to count out (0 unless ``count_disk``)."""
@@ -153,7 +160,7 @@ class FrameWriter:
                 buf += wire[b0:b1]  # a sequential read first: the patches below hit cache
                 for st in starts[i:j]:
                     if st < lo or st >= hi:
-                        wire[st + 12:st + 16] = ob
+                        wire[st + 12 : st + 16] = ob
                 with memoryview(wire) as mv:
                     buf[p0:] = mv[b0:b1]
                 ckpt.stamp_opaque = ob
@@ -164,7 +171,7 @@ class FrameWriter:
             buf += wire[b0:b1]
             for st in starts[i:j]:
                 p = base + st
-                buf[p:p + 4] = ob
+                buf[p : p + 4] = ob
         nbytes = b1 - b0
         self.items_sent += j - i
         self.bytes_sent += nbytes
@@ -183,19 +190,49 @@ class FrameWriter:
         op = it.op
         if op == _MUT:
             if not opts.no_value:  # a queued mutation (its frame lives in the wire log)
-                return codec.mutation(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,
-                                      it.value, cas=it.cas, datatype=it.datatype,
-                                      flags=it.flags, expiry=it.expiry)
-            return codec.mutation(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key, b"",
-                                  cas=it.cas,
-                                  datatype=it.datatype if opts.keep_datatype else 0,
-                                  flags=it.flags, expiry=it.expiry)
+                return codec.mutation(
+                    self.vbid,
+                    self.opaque,
+                    it.seqno,
+                    it.rev_seqno,
+                    it.key,
+                    it.value,
+                    cas=it.cas,
+                    datatype=it.datatype,
+                    flags=it.flags,
+                    expiry=it.expiry,
+                )
+            return codec.mutation(
+                self.vbid,
+                self.opaque,
+                it.seqno,
+                it.rev_seqno,
+                it.key,
+                b"",
+                cas=it.cas,
+                datatype=it.datatype if opts.keep_datatype else 0,
+                flags=it.flags,
+                expiry=it.expiry,
+            )
         if op == _EXP and opts.expiry_opcode and opts.include_delete_times:
-            return codec.expiration(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,
-                                    cas=it.cas, delete_time=it.delete_time)
-        return codec.deletion(self.vbid, self.opaque, it.seqno, it.rev_seqno, it.key,
-                              cas=it.cas,
-                              delete_time=it.delete_time if opts.include_delete_times else None)
+            return codec.expiration(
+                self.vbid,
+                self.opaque,
+                it.seqno,
+                it.rev_seqno,
+                it.key,
+                cas=it.cas,
+                delete_time=it.delete_time,
+            )
+        return codec.deletion(
+            self.vbid,
+            self.opaque,
+            it.seqno,
+            it.rev_seqno,
+            it.key,
+            cas=it.cas,
+            delete_time=it.delete_time if opts.include_delete_times else None,
+        )
 
 
 def cut_segments(segs: list, skip: int, end: int) -> list:

@@ -50,8 +50,10 @@ class BufferLog:
     def state(self) -> BufferLogState:
         if not self.window:
             return BufferLogState.DISABLED
-        return BufferLogState.FULL if self.outstanding >= self.window else (
-            BufferLogState.SPACE_AVAILABLE
+        return (
+            BufferLogState.FULL
+            if self.outstanding >= self.window
+            else (BufferLogState.SPACE_AVAILABLE)
         )
 
     def can_send(self) -> bool:
@@ -68,5 +70,6 @@ class BufferLog:
         self.outstanding = max(0, self.outstanding - nbytes)
 
     def statistics(self) -> BufferLogStatistics:
-        return BufferLogStatistics(self.state, self.window, self.outstanding, self.acked_total,
-                                   self.sent_total)
+        return BufferLogStatistics(
+            self.state, self.window, self.outstanding, self.acked_total, self.sent_total
+        )

@@ -205,8 +205,9 @@ def dcp_open(name: str | bytes, flags: int, opaque: int = 0, value: bytes = b"")
     key = name.encode() if isinstance(name, str) else name
     if not key or len(key) > 200:
         raise LocalProtocolError("DCP connection name must be 1..200 bytes")
-    return request(Opcode.DCP_OPEN, opaque=opaque, extras=OPEN_EXTRAS.pack(0, flags), key=key,
-                   value=value)
+    return request(
+        Opcode.DCP_OPEN, opaque=opaque, extras=OPEN_EXTRAS.pack(0, flags), key=key, value=value
+    )
 
 
 def parse_open(frame: Frame) -> tuple[bytes, int]:
@@ -240,15 +241,29 @@ class StreamRequest:
 
     def encode(self) -> bytes:
         return stream_request(
-            self.vbucket, self.opaque, flags=self.flags, start=self.start_seqno,
-            end=self.end_seqno, vb_uuid=self.vb_uuid, snap_start=self.snap_start_seqno,
-            snap_end=self.snap_end_seqno, value=self.value,
+            self.vbucket,
+            self.opaque,
+            flags=self.flags,
+            start=self.start_seqno,
+            end=self.end_seqno,
+            vb_uuid=self.vb_uuid,
+            snap_start=self.snap_start_seqno,
+            snap_end=self.snap_end_seqno,
+            value=self.value,
         )
 
 
 def stream_request(
-    vbucket: int, opaque: int, *, flags: int = 0, start: int = 0, end: int = SEQNO_MAX,
-    vb_uuid: int = 0, snap_start: int = 0, snap_end: int = 0, value: bytes = b"",
+    vbucket: int,
+    opaque: int,
+    *,
+    flags: int = 0,
+    start: int = 0,
+    end: int = SEQNO_MAX,
+    vb_uuid: int = 0,
+    snap_start: int = 0,
+    snap_end: int = 0,
+    value: bytes = b"",
 ) -> bytes:
     try:
         ext = STREAM_REQ_EXTRAS.pack(flags, 0, start, end, vb_uuid, snap_start, snap_end)
@@ -263,8 +278,14 @@ def parse_stream_request(frame: Frame) -> StreamRequest:
         raise RemoteProtocolError("DCP_STREAM_REQ must not have a key")
     flags, _res, start, end, uuid, ss, se = STREAM_REQ_EXTRAS.unpack(frame.extras)
     return StreamRequest(
-        vbucket=frame.vbucket, opaque=frame.opaque, flags=flags, start_seqno=start,
-        end_seqno=end, vb_uuid=uuid, snap_start_seqno=ss, snap_end_seqno=se,
+        vbucket=frame.vbucket,
+        opaque=frame.opaque,
+        flags=flags,
+        start_seqno=start,
+        end_seqno=end,
+        vb_uuid=uuid,
+        snap_start_seqno=ss,
+        snap_end_seqno=se,
         value=bytes(frame.value),
     )
 
@@ -367,8 +388,12 @@ def parse_mutation_seqno(frame: Frame) -> tuple[int, int] | None:
 
 @_refuses_out_of_range
 def hello(agent: str, features: list[int], opaque: int = 0) -> bytes:
-    return request(Opcode.HELLO, opaque=opaque, key=agent.encode(),
-                   value=b"".join(U16.pack(f) for f in features))
+    return request(
+        Opcode.HELLO,
+        opaque=opaque,
+        key=agent.encode(),
+        value=b"".join(U16.pack(f) for f in features),
+    )
 
 
 def parse_hello_features(value: bytes) -> list[int]:

@@ -87,15 +87,22 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
     cur_end = cur_vb = run = 0
     while True:
         if n - pos >= 55:
-            (magic, op, kl, el, dt, vb, body, opq, cas, by, rev, flg, exp, lk,
-             _nm, _nru) = hdr_mut(buf, pos)
+            (magic, op, kl, el, dt, vb, body, opq, cas, by, rev, flg, exp, lk, _nm, _nru) = hdr_mut(
+                buf, pos
+            )
             end = pos + 24 + body
-            if (opq == cur_opq and op == 0x57 and magic == 0x80 and el == 31
-                    and end <= n and kl + 31 <= body and body <= max_body):
+            if (
+                opq == cur_opq
+                and op == 0x57
+                and magic == 0x80
+                and el == 31
+                and end <= n
+                and kl + 31 <= body
+                and body <= max_body
+            ):
                 a = pos + 55
                 b = a + kl
-                cur_append(mk_mut(cur_vb, by, rev, cas, flg, exp, lk, dt, buf[a:b],
-                                  buf[b:end]))
+                cur_append(mk_mut(cur_vb, by, rev, cas, flg, exp, lk, dt, buf[a:b], buf[b:end]))
                 run += end - pos
                 pos = end
                 if by >= cur_end:
@@ -121,11 +128,13 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
             raise RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
         if body > max_body:
             raise RemoteProtocolError(
-                f"body of {body} bytes exceeds the limit of {max_body} (opcode 0x{op:02x})")
+                f"body of {body} bytes exceeds the limit of {max_body} (opcode 0x{op:02x})"
+            )
         if fel + el + kl > body:
             raise RemoteProtocolError(
                 f"framing extras {fel} + extras {el} + key {kl} exceed body length {body} "
-                f"(opcode 0x{op:02x})")
+                f"(opcode 0x{op:02x})"
+            )
         if end > n:
             need = 24 + body
             break
@@ -135,18 +144,20 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
                 a = pos + 24 + el
                 b = a + kl
                 if op == 0x57 and el == 31:
-                    (_m, _o, _k, _e, _d, _v, _b, _q, _c, by, rev, flg, exp, lk, _nm,
-                     _nru) = hdr_mut(buf, pos)
-                    item = mk_mut(st.vbucket, by, rev, cas, flg, exp, lk, dt, buf[a:b],
-                                  buf[b:end])
+                    (_m, _o, _k, _e, _d, _v, _b, _q, _c, by, rev, flg, exp, lk, _nm, _nru) = (
+                        hdr_mut(buf, pos)
+                    )
+                    item = mk_mut(st.vbucket, by, rev, cas, flg, exp, lk, dt, buf[a:b], buf[b:end])
                 elif op == 0x58 and el == 18:
                     by, rev = _HDR_DEL1(buf, pos)[9:11]
-                    item = session.deletion(st.vbucket, by, rev, cas, dt, buf[a:b],
-                                            buf[b:end], None)
+                    item = session.deletion(
+                        st.vbucket, by, rev, cas, dt, buf[a:b], buf[b:end], None
+                    )
                 elif op == 0x58 and el == 21:
                     by, rev, dtime = _HDR_DEL2(buf, pos)[9:12]
-                    item = session.deletion(st.vbucket, by, rev, cas, dt, buf[a:b],
-                                            buf[b:end], dtime)
+                    item = session.deletion(
+                        st.vbucket, by, rev, cas, dt, buf[a:b], buf[b:end], dtime
+                    )
                 elif op == 0x59 and el == 20:
                     by, rev, dtime = _HDR_EXP(buf, pos)[9:12]
                     item = session.expiration(st.vbucket, by, rev, cas, buf[a:b], dtime)
@@ -205,8 +216,9 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
         b = a + fel
         c = b + el
         d = c + kl
-        held += on_frame(Frame(magic, op, dt, vb, opq, cas, buf[a:b], buf[b:c], buf[c:d],
-                               buf[d:end]), size, out)
+        held += on_frame(
+            Frame(magic, op, dt, vb, opq, cas, buf[a:b], buf[b:c], buf[c:d], buf[d:end]), size, out
+        )
         pos = end
     if run:
         append(Items(cur_opq, cur_vb, cur_items, run))

@@ -140,8 +140,10 @@ class SyncWriteAmbiguous(StatusError):
     """
 
     def __init__(self, status: int, message: str = "", value: bytes = b"") -> None:
-        advice = ("the durable write may or may not have been persisted: check the document "
-                  "or retry the write only if repeating it is safe (idempotent)")
+        advice = (
+            "the durable write may or may not have been persisted: check the document "
+            "or retry the write only if repeating it is safe (idempotent)"
+        )
         super().__init__(status, f"{message}; {advice}" if message else advice, value)
 
 

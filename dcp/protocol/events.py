@@ -43,14 +43,31 @@ class Mutation:
     """A document was created or updated (DCP_MUTATION)."""
 
     __slots__ = (
-        "cas", "datatype", "expiry", "flags", "key", "lock_time", "rev_seqno", "seqno",
-        "value", "vbucket",
+        "cas",
+        "datatype",
+        "expiry",
+        "flags",
+        "key",
+        "lock_time",
+        "rev_seqno",
+        "seqno",
+        "value",
+        "vbucket",
     )
     kind = "mutation"
 
     def __init__(
-        self, vbucket: int, seqno: int, rev_seqno: int, cas: int, flags: int, expiry: int,
-        lock_time: int, datatype: int, key: bytes, value: bytes,
+        self,
+        vbucket: int,
+        seqno: int,
+        rev_seqno: int,
+        cas: int,
+        flags: int,
+        expiry: int,
+        lock_time: int,
+        datatype: int,
+        key: bytes,
+        value: bytes,
     ) -> None:
         self.vbucket = vbucket
         self.seqno = seqno
@@ -64,20 +81,28 @@ class Mutation:
         self.value = value
 
     def __repr__(self) -> str:
-        return (f"Mutation(vb={self.vbucket}, seqno={self.seqno}, key={self.key!r}, "
-                f"value={self.value[:32]!r}, cas={self.cas})")
+        return (
+            f"Mutation(vb={self.vbucket}, seqno={self.seqno}, key={self.key!r}, "
+            f"value={self.value[:32]!r}, cas={self.cas})"
+        )
 
 
 class Deletion:
     """A document was deleted (DCP_DELETION). ``delete_time`` is None for V1 deletions."""
 
-    __slots__ = ("cas", "datatype", "delete_time", "key", "rev_seqno", "seqno", "value",
-                 "vbucket")
+    __slots__ = ("cas", "datatype", "delete_time", "key", "rev_seqno", "seqno", "value", "vbucket")
     kind = "deletion"
 
     def __init__(
-        self, vbucket: int, seqno: int, rev_seqno: int, cas: int, datatype: int, key: bytes,
-        value: bytes, delete_time: int | None,
+        self,
+        vbucket: int,
+        seqno: int,
+        rev_seqno: int,
+        cas: int,
+        datatype: int,
+        key: bytes,
+        value: bytes,
+        delete_time: int | None,
     ) -> None:
         self.vbucket = vbucket
         self.seqno = seqno
@@ -99,7 +124,13 @@ class Expiration:
     kind = "expiration"
 
     def __init__(
-        self, vbucket: int, seqno: int, rev_seqno: int, cas: int, key: bytes, delete_time: int,
+        self,
+        vbucket: int,
+        seqno: int,
+        rev_seqno: int,
+        cas: int,
+        key: bytes,
+        delete_time: int,
     ) -> None:
         self.vbucket = vbucket
         self.seqno = seqno
@@ -149,8 +180,9 @@ class Marker(_Event):
 
     __slots__ = ("end", "flags", "opaque", "purge_seqno", "start", "vbucket")
 
-    def __init__(self, opaque: int, vbucket: int, start: int, end: int, flags: int,
-                 purge_seqno: int | None) -> None:
+    def __init__(
+        self, opaque: int, vbucket: int, start: int, end: int, flags: int, purge_seqno: int | None
+    ) -> None:
         self.opaque = opaque
         self.vbucket = vbucket
         self.start = start

@@ -28,8 +28,17 @@ __all__ = ["FlowControl"]
 
 
 class FlowControl:
-    __slots__ = ("ackable", "acked_total", "closed", "enabled", "held", "queued", "release",
-                 "threshold", "window")
+    __slots__ = (
+        "ackable",
+        "acked_total",
+        "closed",
+        "enabled",
+        "held",
+        "queued",
+        "release",
+        "threshold",
+        "window",
+    )
 
     def __init__(self, window: int, ack_ratio: float = 0.2) -> None:
         self.window = window
@@ -77,8 +86,14 @@ class FlowControl:
             self.ackable += nbytes
 
     def statistics(self) -> dict[str, int]:
-        return {"window": self.window, "threshold": self.threshold, "held": self.held,
-                "queued": self.queued, "ackable": self.ackable, "acked_total": self.acked_total}
+        return {
+            "window": self.window,
+            "threshold": self.threshold,
+            "held": self.held,
+            "queued": self.queued,
+            "ackable": self.ackable,
+            "acked_total": self.acked_total,
+        }
 
 
 def _release_nothing() -> int:

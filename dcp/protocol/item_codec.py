@@ -57,8 +57,14 @@ _mut_pack = MUTATION_EXTRAS.pack
 
 
 def dcp_header(
-    opcode: int, keylen: int, extlen: int, datatype: int, vbucket: int, bodylen: int,
-    opaque: int, cas: int,
+    opcode: int,
+    keylen: int,
+    extlen: int,
+    datatype: int,
+    vbucket: int,
+    bodylen: int,
+    opaque: int,
+    cas: int,
 ) -> bytes:
     """The 24-byte request header of a producer message (magic 0x80)."""
     try:
@@ -68,7 +74,12 @@ def dcp_header(
 
 
 def mutation_body(
-    by_seqno: int, rev_seqno: int, flags: int, expiry: int, key: bytes, value: bytes,
+    by_seqno: int,
+    rev_seqno: int,
+    flags: int,
+    expiry: int,
+    key: bytes,
+    value: bytes,
     lock_time: int = 0,
 ) -> bytes:
     """Extras (31 B) + key + value of a DCP_MUTATION: encode once, send to many streams."""
@@ -98,14 +109,38 @@ def expiration_body(by_seqno: int, rev_seqno: int, delete_time: int, key: bytes)
 
 
 def mutation(
-    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, value: bytes, *,
-    cas: int = 0, datatype: int = 0, flags: int = 0, expiry: int = 0, lock_time: int = 0,
+    vbucket: int,
+    opaque: int,
+    by_seqno: int,
+    rev_seqno: int,
+    key: bytes,
+    value: bytes,
+    *,
+    cas: int = 0,
+    datatype: int = 0,
+    flags: int = 0,
+    expiry: int = 0,
+    lock_time: int = 0,
 ) -> bytes:
     kl = len(key)
     try:
         head = HDR_MUTATION.pack(
-            0x80, Opcode.DCP_MUTATION, kl, 31, datatype, vbucket, 31 + kl + len(value), opaque,
-            cas, by_seqno, rev_seqno, flags, expiry, lock_time, 0, 0,
+            0x80,
+            Opcode.DCP_MUTATION,
+            kl,
+            31,
+            datatype,
+            vbucket,
+            31 + kl + len(value),
+            opaque,
+            cas,
+            by_seqno,
+            rev_seqno,
+            flags,
+            expiry,
+            lock_time,
+            0,
+            0,
         )
     except struct.error as exc:
         raise LocalProtocolError.out_of_range("mutation", exc) from exc
@@ -113,27 +148,50 @@ def mutation(
 
 
 def deletion(
-    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, *, cas: int = 0,
-    datatype: int = 0, value: bytes = b"", delete_time: int | None = None,
+    vbucket: int,
+    opaque: int,
+    by_seqno: int,
+    rev_seqno: int,
+    key: bytes,
+    *,
+    cas: int = 0,
+    datatype: int = 0,
+    value: bytes = b"",
+    delete_time: int | None = None,
 ) -> bytes:
     body = deletion_body(by_seqno, rev_seqno, key, value, delete_time)
     el = 18 if delete_time is None else 21
-    return dcp_header(Opcode.DCP_DELETION, len(key), el, datatype, vbucket, len(body), opaque,
-                      cas) + body
+    return (
+        dcp_header(Opcode.DCP_DELETION, len(key), el, datatype, vbucket, len(body), opaque, cas)
+        + body
+    )
 
 
 def expiration(
-    vbucket: int, opaque: int, by_seqno: int, rev_seqno: int, key: bytes, *, cas: int = 0,
+    vbucket: int,
+    opaque: int,
+    by_seqno: int,
+    rev_seqno: int,
+    key: bytes,
+    *,
+    cas: int = 0,
     delete_time: int = 0,
 ) -> bytes:
     body = expiration_body(by_seqno, rev_seqno, delete_time, key)
-    return dcp_header(Opcode.DCP_EXPIRATION, len(key), 20, 0, vbucket, len(body), opaque,
-                      cas) + body
+    return (
+        dcp_header(Opcode.DCP_EXPIRATION, len(key), 20, 0, vbucket, len(body), opaque, cas) + body
+    )
 
 
 def snapshot_marker(
-    vbucket: int, opaque: int, start: int, end: int, flags: int, *,
-    max_visible_seqno: int | None = None, high_completed_seqno: int | None = None,
+    vbucket: int,
+    opaque: int,
+    start: int,
+    end: int,
+    flags: int,
+    *,
+    max_visible_seqno: int | None = None,
+    high_completed_seqno: int | None = None,
 ) -> bytes:
     """V1 (20 B extras) unless a max-visible/high-completed seqno is given, then V2.0."""
     if start > end:
@@ -142,8 +200,13 @@ def snapshot_marker(
         if max_visible_seqno is None and high_completed_seqno is None:
             ext = MARKER_V1.pack(start, end, flags)
             return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 20, 0, vbucket, 20, opaque, 0) + ext
-        val = MARKER_V2_0.pack(start, end, flags, max_visible_seqno
-                               if max_visible_seqno is not None else end, high_completed_seqno or 0)
+        val = MARKER_V2_0.pack(
+            start,
+            end,
+            flags,
+            max_visible_seqno if max_visible_seqno is not None else end,
+            high_completed_seqno or 0,
+        )
     except struct.error as exc:
         raise LocalProtocolError.out_of_range("snapshot_marker", exc) from exc
     return dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 1, 0, vbucket, 37, opaque, 0) + b"\x00" + val

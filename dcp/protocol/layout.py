@@ -85,7 +85,8 @@ assert HEADER_SIZE == ALT_HEADER.size == 24
 KNOWN_MAGIC = frozenset(int(m) for m in Magic)
 ALT_MAGIC = frozenset((int(Magic.ALT_REQUEST), int(Magic.ALT_RESPONSE)))
 RESPONSE_MAGIC = frozenset(
-    (int(Magic.RESPONSE), int(Magic.ALT_RESPONSE), int(Magic.SERVER_RESPONSE)))
+    (int(Magic.RESPONSE), int(Magic.ALT_RESPONSE), int(Magic.SERVER_RESPONSE))
+)
 
 # --------------------------------------------------------------------------- extras
 

@@ -33,5 +33,7 @@ class RawSession(ClientSession):
         return 0
 
     def stream_request(self, vbucket: int, **_fields: int | bytes) -> tuple[int, bytes]:
-        raise LocalProtocolError("a RawSession tracks no streams: build the request with "
-                                 "codec.stream_request and read its frames")
+        raise LocalProtocolError(
+            "a RawSession tracks no streams: build the request with "
+            "codec.stream_request and read its frames"
+        )

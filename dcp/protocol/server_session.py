@@ -64,12 +64,31 @@ SESSION_CONTROLS = frozenset(("enable_noop", "set_noop_interval", "connection_bu
 class ServerSession:
     """See the module rules. ``started``: the clock reading the noop interval starts at."""
 
-    __slots__ = ("_broken", "_buf", "_chunked", "_chunks", "_need", "_pos", "flow",
-                 "frames_in", "max_body_size", "noop_enabled", "noop_interval", "noop_opaque",
-                 "noop_pending", "noop_sent_at", "noops_sent")
+    __slots__ = (
+        "_broken",
+        "_buf",
+        "_chunked",
+        "_chunks",
+        "_need",
+        "_pos",
+        "flow",
+        "frames_in",
+        "max_body_size",
+        "noop_enabled",
+        "noop_interval",
+        "noop_opaque",
+        "noop_pending",
+        "noop_sent_at",
+        "noops_sent",
+    )
 
-    def __init__(self, *, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
-                 noop_interval: float = 20.0, started: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        noop_interval: float = 20.0,
+        started: float = 0.0,
+    ) -> None:
         self.max_body_size = max_body_size
         self.flow = BufferLog()
         self.frames_in = 0
@@ -120,9 +139,9 @@ class ServerSession:
         if not tail:
             self._buf = bytes(data)  # the common case: the last read ended on a frame
         elif tail + len(data) >= self._need:
-            self._buf = self._buf[self._pos:] + data
+            self._buf = self._buf[self._pos :] + data
         else:  # still incomplete: start collecting its reads
-            self._chunks = [self._buf[self._pos:], bytes(data)]
+            self._chunks = [self._buf[self._pos :], bytes(data)]
             self._chunked = tail + len(data)
             self._buf = b""
         self._pos = 0
@@ -179,13 +198,16 @@ class ServerSession:
                 raise self._fail(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
             if body > self.max_body_size:
                 self._pos = pos
-                raise self._fail(f"body of {body} bytes exceeds the limit of "
-                                 f"{self.max_body_size} (opcode 0x{op:02x})")
+                raise self._fail(
+                    f"body of {body} bytes exceeds the limit of "
+                    f"{self.max_body_size} (opcode 0x{op:02x})"
+                )
             if fel + el + kl > body:
                 self._pos = pos
                 raise self._fail(
                     f"framing extras {fel} + extras {el} + key {kl} exceed body length "
-                    f"{body} (opcode 0x{op:02x})")
+                    f"{body} (opcode 0x{op:02x})"
+                )
             end = pos + HEADER_SIZE + body
             if end > n:
                 self._need = HEADER_SIZE + body
@@ -196,8 +218,18 @@ class ServerSession:
             b = a + fel
             c = b + el
             d = c + kl
-            frame = Frame(magic, op, dt, vb, opq, cas, buf[a:b] if fel else b"", buf[b:c],
-                          buf[c:d], buf[d:end])
+            frame = Frame(
+                magic,
+                op,
+                dt,
+                vb,
+                opq,
+                cas,
+                buf[a:b] if fel else b"",
+                buf[b:c],
+                buf[c:d],
+                buf[d:end],
+            )
             pos = end
             if magic in _ANSWERS:
                 ev = self._answer(frame)

@@ -71,9 +71,15 @@ class ClientSession:
     """See the module rules. ``window`` 0 disables flow control (no acks)."""
 
     def __init__(
-        self, *, window: int = 0, ack_ratio: float = 0.2,
-        max_body_size: int = DEFAULT_MAX_BODY_SIZE, queue_per_chunk: bool = False,
-        mutation: Any = Mutation, deletion: Any = Deletion, expiration: Any = Expiration,
+        self,
+        *,
+        window: int = 0,
+        ack_ratio: float = 0.2,
+        max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+        queue_per_chunk: bool = False,
+        mutation: Any = Mutation,
+        deletion: Any = Deletion,
+        expiration: Any = Expiration,
     ) -> None:
         self.flow = FlowControl(window, ack_ratio)
         self.flow.release = self._release_held
@@ -129,14 +135,30 @@ class ClientSession:
         return opaques, buf
 
     def stream_request(
-        self, vbucket: int, *, start: int = 0, end: int = SEQNO_MAX, vb_uuid: int = 0,
-        snap_start: int = 0, snap_end: int = 0, flags: int = 0, value: bytes = b"",
+        self,
+        vbucket: int,
+        *,
+        start: int = 0,
+        end: int = SEQNO_MAX,
+        vb_uuid: int = 0,
+        snap_start: int = 0,
+        snap_end: int = 0,
+        flags: int = 0,
+        value: bytes = b"",
     ) -> tuple[int, bytes]:
         """DCP_STREAM_REQ; answered by ``StreamOpened``/``StreamRollback``/``StreamRefused``."""
         o = self.next_opaque()
-        data = codec.stream_request(vbucket, o, flags=flags, start=start, end=end,
-                                    vb_uuid=vb_uuid, snap_start=snap_start,
-                                    snap_end=snap_end, value=value)
+        data = codec.stream_request(
+            vbucket,
+            o,
+            flags=flags,
+            start=start,
+            end=end,
+            vb_uuid=vb_uuid,
+            snap_start=snap_start,
+            snap_end=snap_end,
+            value=value,
+        )
         self.streams[o] = SessionStream(o, vbucket, end)
         return o, data
 
@@ -272,8 +294,7 @@ class ClientSession:
             vb = st.vbucket
             if op == Opcode.DCP_MUTATION:
                 by, rev, flg, exp, lk = codec.parse_mutation(f)
-                item = self.mutation(vb, by, rev, f.cas, flg, exp, lk, f.datatype, f.key,
-                                      f.value)
+                item = self.mutation(vb, by, rev, f.cas, flg, exp, lk, f.datatype, f.key, f.value)
             elif op == Opcode.DCP_DELETION:
                 by, rev, dtime = codec.parse_deletion(f)
                 item = self.deletion(vb, by, rev, f.cas, f.datatype, f.key, f.value, dtime)
@@ -284,7 +305,8 @@ class ClientSession:
                 if by > st.end_seqno:
                     return 0  # past the end we asked for (a server that does not clamp)
                 raise RemoteProtocolError(
-                    f"vb {vb}: opcode 0x{op:02x} seqno {by} outside any snapshot")
+                    f"vb {vb}: opcode 0x{op:02x} seqno {by} outside any snapshot"
+                )
             st.held += held
             out.append(Items(st.opaque, vb, [item], size))
             if by >= st.end:
@@ -333,13 +355,15 @@ class ClientSession:
             del self._answers[o]
         out.append(Answer(o, f))
 
-    def _stream_answer(self, st: SessionStream, f: Frame
-                       ) -> StreamOpened | StreamRollback | StreamRefused:
+    def _stream_answer(
+        self, st: SessionStream, f: Frame
+    ) -> StreamOpened | StreamRollback | StreamRefused:
         status = f.status
         if status == Status.SUCCESS:
             st.state = STREAMING
-            return StreamOpened(st.opaque, st.vbucket,
-                                tuple(codec.parse_failover_log(bytes(f.value))))
+            return StreamOpened(
+                st.opaque, st.vbucket, tuple(codec.parse_failover_log(bytes(f.value)))
+            )
         del self.streams[st.opaque]
         if status == Status.ROLLBACK:
             if len(f.value) < 8:

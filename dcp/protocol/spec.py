@@ -94,14 +94,42 @@ from .spec_layouts import (
 )
 
 __all__ = [
-    "REQUESTS", "RESPONSES", "BufferAckExtras", "DcpOpenExtras", "DeletionV1Extras",
-    "DeletionV2Extras", "DurabilityPayload", "ExpirationExtras", "FailoverEntry", "FailoverLog",
-    "Frame", "FrameInfo", "FrameInfos", "GetAllVbSeqnosCollectionExtras", "GetAllVbSeqnosExtras",
-    "GetResponseExtras", "Header", "HelloFeatures", "LayoutError", "MutationExtras",
-    "MutationSeqnoExtras", "RollbackValue", "SeqnoAdvancedExtras", "SnapshotMarkerV1Extras",
-    "SnapshotMarkerV2Extras", "SnapshotMarkerV2_0Value", "SnapshotMarkerV2_2Value", "StoreExtras",
-    "StreamEndExtras", "StreamIdPayload", "StreamRequestExtras", "VbSeqno", "VbSeqnoList",
-    "build_frame", "parse_frame", "to_plain",
+    "REQUESTS",
+    "RESPONSES",
+    "BufferAckExtras",
+    "DcpOpenExtras",
+    "DeletionV1Extras",
+    "DeletionV2Extras",
+    "DurabilityPayload",
+    "ExpirationExtras",
+    "FailoverEntry",
+    "FailoverLog",
+    "Frame",
+    "FrameInfo",
+    "FrameInfos",
+    "GetAllVbSeqnosCollectionExtras",
+    "GetAllVbSeqnosExtras",
+    "GetResponseExtras",
+    "Header",
+    "HelloFeatures",
+    "LayoutError",
+    "MutationExtras",
+    "MutationSeqnoExtras",
+    "RollbackValue",
+    "SeqnoAdvancedExtras",
+    "SnapshotMarkerV1Extras",
+    "SnapshotMarkerV2Extras",
+    "SnapshotMarkerV2_0Value",
+    "SnapshotMarkerV2_2Value",
+    "StoreExtras",
+    "StreamEndExtras",
+    "StreamIdPayload",
+    "StreamRequestExtras",
+    "VbSeqno",
+    "VbSeqnoList",
+    "build_frame",
+    "parse_frame",
+    "to_plain",
 ]
 
 # --------------------------------------------------------------------------- the frame
@@ -111,8 +139,7 @@ IS_ALT = (_m == int(Magic.ALT_REQUEST)) | (_m == int(Magic.ALT_RESPONSE))
 IS_CLIENT_REQUEST = (_m == int(Magic.REQUEST)) | (_m == int(Magic.ALT_REQUEST))
 IS_CLIENT_RESPONSE = (_m == int(Magic.RESPONSE)) | (_m == int(Magic.ALT_RESPONSE))
 IS_RESPONSE = IS_CLIENT_RESPONSE | (_m == int(Magic.SERVER_RESPONSE))
-VALUE_LENGTH = (this.body_length - this.framing_extras_length - this.extras_length
-                - this.key_length)
+VALUE_LENGTH = this.body_length - this.framing_extras_length - this.extras_length - this.key_length
 _MAGICS = frozenset(int(m) for m in Magic)
 
 
@@ -126,8 +153,10 @@ def _int_keys(cases: dict) -> dict[int, Construct]:
 
 
 def _extras_switch(table: dict) -> Construct:
-    cases = {int(op): Switch(this.extras_length, row[0], default=reject(_wrong_extras))
-             for op, row in table.items()}
+    cases = {
+        int(op): Switch(this.extras_length, row[0], default=reject(_wrong_extras))
+        for op, row in table.items()
+    }
     return Switch(this.opcode, cases, default=Bytes(this.extras_length))
 
 
@@ -141,8 +170,15 @@ _VALUE = IfThenElse(
     Switch(this.opcode, {int(op): row[2] for op, row in REQUESTS.items()}, default=RAW),
     IfThenElse(
         IS_CLIENT_RESPONSE,
-        Switch(this.opcode, {int(op): Switch(this.status, _int_keys(row[1]), default=RAW)
-                             for op, row in RESPONSES.items() if row[1]}, default=RAW),
+        Switch(
+            this.opcode,
+            {
+                int(op): Switch(this.status, _int_keys(row[1]), default=RAW)
+                for op, row in RESPONSES.items()
+                if row[1]
+            },
+            default=RAW,
+        ),
         RAW,
     ),
 )
@@ -175,7 +211,8 @@ def _key_range(c) -> tuple[int, int]:
 Frame = Struct(
     "magic" / OneOf(U8, _MAGICS),
     "opcode" / U8,
-    "framing_extras_length" / IfThenElse(
+    "framing_extras_length"
+    / IfThenElse(
         IS_ALT, Derived(U8, lambda c: built_size(FrameInfos, c.framing_extras, c)), Computed(0)
     ),
     "key_length" / IfThenElse(IS_ALT, Rebuild(U8, len_(this.key)), Rebuild(U16, len_(this.key))),
@@ -183,19 +220,32 @@ Frame = Struct(
     "datatype" / Default(U8, 0),
     "vbucket" / If(~IS_RESPONSE, Default(U16, 0)),
     "status" / If(IS_RESPONSE, Default(U16, 0)),
-    "body_length" / Derived(U32, lambda c: c.framing_extras_length + c.extras_length
-                             + len(c.key) + built_size(_VALUE, c.value, c)),
+    "body_length"
+    / Derived(
+        U32,
+        lambda c: (
+            c.framing_extras_length + c.extras_length + len(c.key) + built_size(_VALUE, c.value, c)
+        ),
+    ),
     "opaque" / Default(U32, 0),
     "cas" / Default(U64, 0),
-    Require(lambda c: c.framing_extras_length + c.extras_length + c.key_length <= c.body_length,
-             lambda c: f"framing extras {c.framing_extras_length} + extras {c.extras_length} + "
-                       f"key {c.key_length} exceed the body length {c.body_length}"),
+    Require(
+        lambda c: c.framing_extras_length + c.extras_length + c.key_length <= c.body_length,
+        lambda c: (
+            f"framing extras {c.framing_extras_length} + extras {c.extras_length} + "
+            f"key {c.key_length} exceed the body length {c.body_length}"
+        ),
+    ),
     "framing_extras" / If(IS_ALT, FixedSized(this.framing_extras_length, FrameInfos)),
     "extras" / _EXTRAS,
     "key" / Bytes(this.key_length),
-    Require(lambda c: _key_range(c)[0] <= c.key_length <= _key_range(c)[1],
-             lambda c: f"opcode 0x{c.opcode:02x}: key of {c.key_length} bytes is not allowed "
-                       f"(allowed {_key_range(c)[0]}..{_key_range(c)[1]})"),
+    Require(
+        lambda c: _key_range(c)[0] <= c.key_length <= _key_range(c)[1],
+        lambda c: (
+            f"opcode 0x{c.opcode:02x}: key of {c.key_length} bytes is not allowed "
+            f"(allowed {_key_range(c)[0]}..{_key_range(c)[1]})"
+        ),
+    ),
     "value" / FixedSized(VALUE_LENGTH, _VALUE),
 )
 """One frame: the 24-byte header, then framing extras, extras, key and value."""

@@ -152,15 +152,25 @@ def exact(subcon: Construct) -> Construct:
 
 DcpOpenExtras = Struct("seqno" / Default(U32, 0), "flags" / U32)  # 8 B, seqno reserved (0)
 StreamRequestExtras = Struct(  # 48 B
-    "flags" / U32, "reserved" / Default(U32, 0), "start_seqno" / U64, "end_seqno" / U64,
-    "vb_uuid" / U64, "snap_start_seqno" / U64, "snap_end_seqno" / U64,
+    "flags" / U32,
+    "reserved" / Default(U32, 0),
+    "start_seqno" / U64,
+    "end_seqno" / U64,
+    "vb_uuid" / U64,
+    "snap_start_seqno" / U64,
+    "snap_end_seqno" / U64,
 )
 StreamEndExtras = Struct("status" / U32)  # 4 B, a StreamEndStatus
 SnapshotMarkerV1Extras = Struct("start_seqno" / U64, "end_seqno" / U64, "flags" / U32)  # 20 B
 SnapshotMarkerV2Extras = Struct("version" / U8)  # 1 B: 0 = v2.0, 2 = v2.2; fields in the value
 MutationExtras = Struct(  # 31 B
-    "by_seqno" / U64, "rev_seqno" / U64, "flags" / U32, "expiration" / U32, "lock_time" / U32,
-    "nmeta" / Default(U16, 0), "nru" / Default(U8, 0),
+    "by_seqno" / U64,
+    "rev_seqno" / U64,
+    "flags" / U32,
+    "expiration" / U32,
+    "lock_time" / U32,
+    "nmeta" / Default(U16, 0),
+    "nru" / Default(U8, 0),
 )
 DeletionV1Extras = Struct("by_seqno" / U64, "rev_seqno" / U64, "nmeta" / Default(U16, 0))  # 18
 DeletionV2Extras = Struct(  # 21 B
@@ -178,7 +188,10 @@ MutationSeqnoExtras = Struct("vb_uuid" / U64, "seqno" / U64)  # 16 B: write resp
 # --------------------------------------------------------------------------- value layouts
 
 SnapshotMarkerV2_0Value = Struct(  # 36 B
-    "start_seqno" / U64, "end_seqno" / U64, "flags" / U32, "max_visible_seqno" / U64,
+    "start_seqno" / U64,
+    "end_seqno" / U64,
+    "flags" / U32,
+    "max_visible_seqno" / U64,
     "high_completed_seqno" / U64,
 )
 SnapshotMarkerV2_2Value = Struct(  # 52 B; accepted, never sent by us
@@ -197,8 +210,10 @@ RAW = GreedyBytes
 
 DurabilityPayload = {1: Struct("level" / U8), 3: Struct("level" / U8, "timeout_ms" / U16)}
 StreamIdPayload = {2: Struct("stream_id" / U16)}
-_FRAME_INFO_PAYLOADS: dict[int, dict[int, Construct]] = {FrameInfoId.DURABILITY: DurabilityPayload,
-                        FrameInfoId.DCP_STREAM_ID: StreamIdPayload}
+_FRAME_INFO_PAYLOADS: dict[int, dict[int, Construct]] = {
+    FrameInfoId.DURABILITY: DurabilityPayload,
+    FrameInfoId.DCP_STREAM_ID: StreamIdPayload,
+}
 
 _FrameInfoWire = Struct(
     "nibbles" / BitStruct("id" / Nibble, "length" / Nibble),
@@ -243,8 +258,9 @@ class _FrameInfoAdapter(Adapter):
         layout = shapes.get(len(obj.payload))
         if layout is None:
             raise LayoutError(f"frame info {fid} of {len(obj.payload)} bytes", path=path)
-        return Container(id=fid, **{k: v for k, v in layout.parse(obj.payload).items()
-                                    if not k.startswith("_")})
+        return Container(
+            id=fid, **{k: v for k, v in layout.parse(obj.payload).items() if not k.startswith("_")}
+        )
 
     def _encode(self, obj, context, path):
         fid = obj["id"]
@@ -289,7 +305,9 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
     Opcode.STAT: (_NO_EXTRAS, ANY_LENGTH, NO_VALUE),  # key = stat group, empty = default group
     Opcode.HELLO: (_NO_EXTRAS, ANY_LENGTH, HelloFeatures),  # key = user agent
     Opcode.GET_ALL_VB_SEQNOS: (
-        {0: Pass, 4: GetAllVbSeqnosExtras, 8: GetAllVbSeqnosCollectionExtras}, _NONE, NO_VALUE
+        {0: Pass, 4: GetAllVbSeqnosExtras, 8: GetAllVbSeqnosCollectionExtras},
+        _NONE,
+        NO_VALUE,
     ),
     Opcode.DCP_OPEN: ({8: DcpOpenExtras}, (1, 200), RAW),  # key = name; value: opt. JSON
     Opcode.DCP_CLOSE_STREAM: (_NO_EXTRAS, _NONE, NO_VALUE),
@@ -299,9 +317,17 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
     Opcode.DCP_SNAPSHOT_MARKER: (
         {20: SnapshotMarkerV1Extras, 1: SnapshotMarkerV2Extras},
         _NONE,
-        Switch(this.extras_length, {20: NO_VALUE, 1: Switch(this.extras.version, {
-            0: exact(SnapshotMarkerV2_0Value), 2: exact(SnapshotMarkerV2_2Value)},
-            default=reject(lambda c: f"snapshot marker version {c.extras.version}"))}),
+        Switch(
+            this.extras_length,
+            {
+                20: NO_VALUE,
+                1: Switch(
+                    this.extras.version,
+                    {0: exact(SnapshotMarkerV2_0Value), 2: exact(SnapshotMarkerV2_2Value)},
+                    default=reject(lambda c: f"snapshot marker version {c.extras.version}"),
+                ),
+            },
+        ),
     ),
     Opcode.DCP_MUTATION: ({31: MutationExtras}, _NEEDED, RAW),
     Opcode.DCP_DELETION: ({18: DeletionV1Extras, 21: DeletionV2Extras}, _NEEDED, RAW),
@@ -313,7 +339,9 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
 }
 
 _WRITE_RESPONSE: tuple[dict[int, Construct], dict[int, Construct]] = (
-    {0: Pass, 16: MutationSeqnoExtras}, {})
+    {0: Pass, 16: MutationSeqnoExtras},
+    {},
+)
 #: Responses (magic 0x81/0x18): opcode -> (extras shapes by length, value layout by status).
 #: Any other status (and any listed opcode's error reply) carries raw bytes, e.g. error text.
 RESPONSES: dict[int, tuple[dict[int, Construct], dict[int, Construct]]] = {
@@ -325,12 +353,27 @@ RESPONSES: dict[int, tuple[dict[int, Construct], dict[int, Construct]]] = {
     Opcode.HELLO: (_NO_EXTRAS, {Status.SUCCESS: HelloFeatures}),
     Opcode.GET_ALL_VB_SEQNOS: (_NO_EXTRAS, {Status.SUCCESS: VbSeqnoList}),
     Opcode.DCP_STREAM_REQ: (
-        _NO_EXTRAS, {Status.SUCCESS: FailoverLog, Status.ROLLBACK: RollbackValue}
+        _NO_EXTRAS,
+        {Status.SUCCESS: FailoverLog, Status.ROLLBACK: RollbackValue},
     ),
     Opcode.DCP_GET_FAILOVER_LOG: (_NO_EXTRAS, {Status.SUCCESS: FailoverLog}),
-    **{op: (_NO_EXTRAS, {}) for op in (
-        Opcode.NOOP, Opcode.VERSION, Opcode.STAT, Opcode.DCP_OPEN, Opcode.DCP_CLOSE_STREAM,
-        Opcode.DCP_STREAM_END, Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_MUTATION,
-        Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_NOOP, Opcode.DCP_BUFFER_ACK,
-        Opcode.DCP_CONTROL, Opcode.DCP_SEQNO_ADVANCED)},
+    **{
+        op: (_NO_EXTRAS, {})
+        for op in (
+            Opcode.NOOP,
+            Opcode.VERSION,
+            Opcode.STAT,
+            Opcode.DCP_OPEN,
+            Opcode.DCP_CLOSE_STREAM,
+            Opcode.DCP_STREAM_END,
+            Opcode.DCP_SNAPSHOT_MARKER,
+            Opcode.DCP_MUTATION,
+            Opcode.DCP_DELETION,
+            Opcode.DCP_EXPIRATION,
+            Opcode.DCP_NOOP,
+            Opcode.DCP_BUFFER_ACK,
+            Opcode.DCP_CONTROL,
+            Opcode.DCP_SEQNO_ADVANCED,
+        )
+    },
 }

@@ -46,8 +46,12 @@ def arrow_schema() -> Any:
     if _schema is None:
         import pyarrow as pa
 
-        types = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(),
-                 "binary": pa.binary()}
+        types = {
+            "int": pa.int32(),
+            "long": pa.int64(),
+            "string": pa.string(),
+            "binary": pa.binary(),
+        }
         _schema = pa.schema([pa.field(n, types[t]) for n, t in COLUMNS])
     return _schema
 
@@ -70,8 +74,10 @@ def to_record_batch(chunk: Chunk) -> Any:
     try:
         keys = pa.array(chunk.key, pa.binary()).cast(pa.string())
     except pa.ArrowInvalid:
-        keys = pa.array([k.decode("utf-8", "replace") if k is not None else None
-                         for k in chunk.key], pa.string())
+        keys = pa.array(
+            [k.decode("utf-8", "replace") if k is not None else None for k in chunk.key],
+            pa.string(),
+        )
     ops = pc.take(pa.array(OPS, pa.string()), pa.array(chunk.op, pa.int8()))
     arrays = [
         pa.array(vbs, pa.int32()),

@@ -83,8 +83,9 @@ def branch_uuid(log: FailoverLog, seqno: int) -> int:
     return log[-1][0] if log else 0
 
 
-def _budget_ends(start: Offsets, options: Mapping[int, list[int]], limit: int | None
-                 ) -> dict[int, int]:
+def _budget_ends(
+    start: Offsets, options: Mapping[int, list[int]], limit: int | None
+) -> dict[int, int]:
     """Per vbucket, the chosen boundary. ``options[vb]`` are ascending candidate ends
     (all > start). With a limit, vbuckets advance one boundary at a time, round robin,
     while the seqno budget lasts; the first step is always taken."""
@@ -145,7 +146,8 @@ def plan_end(
         if vb not in highs:
             raise RangeUnavailableError(
                 f"vbucket {vb} is not served by the server any more (GET_ALL_VB_SEQNOS does "
-                f"not list it); was the server restarted with fewer vbuckets?")
+                f"not list it); was the server restarted with fewer vbuckets?"
+            )
         high = highs[vb]
         log = logs.get(vb, ())
         if pos.seqno and (pos.uuid or pos.seqno > high):
@@ -177,8 +179,9 @@ def plan_ranges(start: Offsets, end: Offsets) -> list[VbRange]:
             without a rollback mark (Spark would otherwise run an empty batch: data loss).
     """
     if set(start) != set(end):
-        raise OffsetError(f"start and end offsets name different vbuckets: "
-                          f"{sorted(set(start) ^ set(end))}")
+        raise OffsetError(
+            f"start and end offsets name different vbuckets: {sorted(set(start) ^ set(end))}"
+        )
     out: list[VbRange] = []
     for vb in sorted(end):
         s, e = start[vb], end[vb]
@@ -188,8 +191,10 @@ def plan_ranges(start: Offsets, end: Offsets) -> list[VbRange]:
             out.append(VbRange(vb, e.uuid, e.rollback, e.rollback, e.rollback, e.uuid))
             continue
         if e.seqno < s.seqno:
-            raise OffsetError(f"vbucket {vb}: end seqno {e.seqno} is below start seqno "
-                              f"{s.seqno} without a rollback; refusing to plan an empty range")
+            raise OffsetError(
+                f"vbucket {vb}: end seqno {e.seqno} is below start seqno "
+                f"{s.seqno} without a rollback; refusing to plan an empty range"
+            )
         if e.seqno == s.seqno:
             continue  # uuid learned, nothing to read
         out.append(VbRange(vb, s.uuid or e.uuid, s.seqno, e.seqno, None, e.uuid))

@@ -14,8 +14,20 @@ Rules of this module:
 
 from __future__ import annotations
 
-__all__ = ["NCOLS", "OP_DELETION", "OP_EXPIRATION", "OP_MUTATION", "OP_ROLLBACK", "Chunk",
-           "Row", "columns", "deletion_row", "expiration_row", "mutation_row", "newest_per_key"]
+__all__ = [
+    "NCOLS",
+    "OP_DELETION",
+    "OP_EXPIRATION",
+    "OP_MUTATION",
+    "OP_ROLLBACK",
+    "Chunk",
+    "Row",
+    "columns",
+    "deletion_row",
+    "expiration_row",
+    "mutation_row",
+    "newest_per_key",
+]
 
 OP_MUTATION, OP_DELETION, OP_EXPIRATION, OP_ROLLBACK = 0, 1, 2, 3
 #: Columns of a chunk, in order: seqno, op, key, value, cas, rev_seqno, flags, expiry,
@@ -25,18 +37,28 @@ NCOLS = 9
 Row = tuple[int, int, bytes, bytes | None, int, int, int | None, int | None, int]
 
 
-def mutation_row(vb: int, by: int, rev: int, cas: int, flags: int, exp: int, lock: int,
-                 dt: int, key: bytes, value: bytes) -> Row:
+def mutation_row(
+    vb: int,
+    by: int,
+    rev: int,
+    cas: int,
+    flags: int,
+    exp: int,
+    lock: int,
+    dt: int,
+    key: bytes,
+    value: bytes,
+) -> Row:
     return (by, 0, key, value, cas, rev, flags, exp, dt)  # 0: OP_MUTATION, no global lookup
 
 
-def deletion_row(vb: int, by: int, rev: int, cas: int, dt: int, key: bytes, value: bytes,
-                 delete_time: int | None) -> Row:
+def deletion_row(
+    vb: int, by: int, rev: int, cas: int, dt: int, key: bytes, value: bytes, delete_time: int | None
+) -> Row:
     return (by, OP_DELETION, key, value or None, cas, rev, None, None, dt)
 
 
-def expiration_row(vb: int, by: int, rev: int, cas: int, key: bytes,
-                   delete_time: int) -> Row:
+def expiration_row(vb: int, by: int, rev: int, cas: int, key: bytes, delete_time: int) -> Row:
     return (by, OP_EXPIRATION, key, None, cas, rev, None, None, 0)
 
 
@@ -83,8 +105,12 @@ class Chunk:
 
     def add_rollback(self, vb: int, seqno: int) -> None:
         """One ``op = rollback`` row: forget every change of ``vb`` above ``seqno``."""
-        self.add(vb, seqno, seqno, ([seqno], [OP_ROLLBACK], [None], [None], [None], [None],
-                                    [None], [None], [None]))
+        self.add(
+            vb,
+            seqno,
+            seqno,
+            ([seqno], [OP_ROLLBACK], [None], [None], [None], [None], [None], [None], [None]),
+        )
 
 
 def newest_per_key(cols: tuple[list, ...]) -> tuple[list, ...]:

@@ -44,8 +44,7 @@ _MAX_BOUNDARIES = 4096
 class Planner:
     """Cached view of the server for planning. Not thread-safe, not picklable."""
 
-    def __init__(self, cfg: SourceConfig, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: SourceConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self._clock = clock
         self._client: WireClient | None = None
@@ -68,8 +67,9 @@ class Planner:
 
     def _fetch(self) -> None:
         if self._client is None:
-            self._client = WireClient(self.cfg.host, self.cfg.port,
-                                      timeout=self.cfg.timeout).connect()
+            self._client = WireClient(
+                self.cfg.host, self.cfg.port, timeout=self.cfg.timeout
+            ).connect()
             self._logs.clear()
             self._log_high.clear()
             self._boundaries.clear()
@@ -84,11 +84,11 @@ class Planner:
                 if missing:
                     raise RangeUnavailableError(
                         f"option vbuckets names vbuckets the server does not have: "
-                        f"{missing[:20]} (it has {len(all_highs)})")
+                        f"{missing[:20]} (it has {len(all_highs)})"
+                    )
                 self._vbuckets = list(wanted)
         highs = {vb: all_highs[vb] for vb in self._vbuckets if vb in all_highs}
-        stale = [vb for vb in self._vbuckets
-                 if vb in highs and self._log_high.get(vb) != highs[vb]]
+        stale = [vb for vb in self._vbuckets if vb in highs and self._log_high.get(vb) != highs[vb]]
         if stale:
             logs = client.failover_logs(stale)
             for vb in stale:
@@ -121,8 +121,8 @@ class Planner:
                 self.close()
                 if time.monotonic() + delay > deadline:
                     raise RangeUnavailableError(
-                        f"cannot reach the DCP server at {self.cfg.host}:{self.cfg.port}: "
-                        f"{exc}") from exc
+                        f"cannot reach the DCP server at {self.cfg.host}:{self.cfg.port}: {exc}"
+                    ) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
         self._fetched_at = self._clock()
@@ -150,15 +150,17 @@ class Planner:
                     raise OffsetError(
                         f"startingOffsetsFile {path} holds vbuckets {sorted(kept)[:10]}... "
                         f"({len(kept)}), the query reads {len(vbs)}: delete the file or "
-                        f"fix option vbuckets")
+                        f"fix option vbuckets"
+                    )
                 self._initial = kept
                 return kept
         if cfg.starting_offsets == "earliest":
             offsets = earliest(vbs)
         elif cfg.starting_offsets == "latest":
             highs, logs = self.refresh(force=True)
-            offsets = {vb: VbPosition(branch_uuid(logs.get(vb, ()), highs[vb]), highs[vb])
-                       for vb in vbs}
+            offsets = {
+                vb: VbPosition(branch_uuid(logs.get(vb, ()), highs[vb]), highs[vb]) for vb in vbs
+            }
         else:
             offsets = parse_starting_offsets(cfg.starting_offsets, vbs)
         if path:
@@ -171,8 +173,14 @@ class Planner:
         highs, _ = self.refresh(force=True)
         return dict(highs)
 
-    def latest(self, start: Offsets, *, limit: int | None = None, min_rows: int = 0,
-               target: Mapping[int, int] | None = None) -> Offsets:
+    def latest(
+        self,
+        start: Offsets,
+        *,
+        limit: int | None = None,
+        min_rows: int = 0,
+        target: Mapping[int, int] | None = None,
+    ) -> Offsets:
         """The end offset of the next batch; ``start`` itself when nothing is new."""
         highs, logs = self.refresh()
         vbs = self.vbuckets()
@@ -181,19 +189,28 @@ class Planner:
                 f"the query's offsets name {len(start)} vbuckets ({sorted(start)[:8]}...) but "
                 f"it reads {len(vbs)} ({vbs[:8]}...): option vbuckets (or the server's "
                 f"vbucket count) changed since the checkpoint was written; start a new "
-                f"checkpoint or restore the option")
+                f"checkpoint or restore the option"
+            )
         for vb, pos in start.items():
             b = self._boundaries.get(vb)
             if b and b[0] <= pos.seqno:
                 del b[: bisect.bisect_right(b, pos.seqno)]
         floor = {vb: seq for vb, (e, seq) in self._prev.items() if start.get(vb) == e}
-        end = plan_end(start, highs, logs, self._boundaries, limit=limit, target=target,
-                       on_rollback=self.cfg.on_rollback, floor=floor)
+        end = plan_end(
+            start,
+            highs,
+            logs,
+            self._boundaries,
+            limit=limit,
+            target=target,
+            on_rollback=self.cfg.on_rollback,
+            floor=floor,
+        )
         for vb, pos in end.items():
             if pos.rollback is not None:  # boundaries of the abandoned branch are void
                 b = self._boundaries.get(vb)
                 if b:
-                    del b[bisect.bisect_right(b, pos.seqno):]
+                    del b[bisect.bisect_right(b, pos.seqno) :]
         if min_rows and target is None:
             new = sum(max(0, end[vb].seqno - start[vb].seqno) for vb in end)
             if new < min_rows and not any(p.rollback is not None for p in end.values()):

@@ -38,8 +38,15 @@ class RollbackDetectedError(DcpSparkError):
     history and ours agree again), where ("planning" or "reading").
     """
 
-    def __init__(self, vbucket: int, vb_uuid: int, seqno: int, rollback_seqno: int,
-                 where: str = "planning", detail: str = "") -> None:
+    def __init__(
+        self,
+        vbucket: int,
+        vb_uuid: int,
+        seqno: int,
+        rollback_seqno: int,
+        where: str = "planning",
+        detail: str = "",
+    ) -> None:
         self.vbucket = vbucket
         self.vb_uuid = vb_uuid
         self.seqno = seqno
@@ -54,8 +61,10 @@ class RollbackDetectedError(DcpSparkError):
         )
         if detail:
             msg += f" {detail}"
-        msg += (" Set option onRollback=rewind to continue with an explicit op='rollback' row, "
-                "or start a new query (new checkpoint).")
+        msg += (
+            " Set option onRollback=rewind to continue with an explicit op='rollback' row, "
+            "or start a new query (new checkpoint)."
+        )
         super().__init__(msg)
 
 
@@ -72,8 +81,9 @@ class MergedSnapshotError(DcpSparkError):
     Attributes: vbucket, start, end, snapshot_start, snapshot_end, flags.
     """
 
-    def __init__(self, vbucket: int, start: int, end: int, snapshot_start: int,
-                 snapshot_end: int, flags: int) -> None:
+    def __init__(
+        self, vbucket: int, start: int, end: int, snapshot_start: int, snapshot_end: int, flags: int
+    ) -> None:
         self.vbucket = vbucket
         self.start = start
         self.end = end

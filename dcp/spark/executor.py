@@ -57,9 +57,13 @@ DRAIN_SECONDS = 2.0
 _HISTORY = int(SnapshotMarkerFlag.HISTORY)
 
 _SEQNO = operator.itemgetter(0)
-_RETRIABLE_END = {StreamEndStatus.DISCONNECTED, StreamEndStatus.SLOW,
-                  StreamEndStatus.BACKFILL_FAIL, StreamEndStatus.STATE_CHANGED,
-                  StreamEndStatus.ROLLBACK}
+_RETRIABLE_END = {
+    StreamEndStatus.DISCONNECTED,
+    StreamEndStatus.SLOW,
+    StreamEndStatus.BACKFILL_FAIL,
+    StreamEndStatus.STATE_CHANGED,
+    StreamEndStatus.ROLLBACK,
+}
 _RETRIABLE_STATUS = {Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM}
 
 
@@ -76,33 +80,43 @@ class _Reader:
         self.outbox: list[bytes] = []  # requests to send with the next write
         self.retry_at: dict[int, float] = {}  # vbucket -> monotonic time of the next request
         self._handlers: dict[type, Callable[[Any], None]] = {
-            ev.Items: self._items, ev.Marker: self._marker,
-            ev.SeqnoAdvanced: self._seqno_advanced, ev.StreamEnded: self._stream_ended,
-            ev.StreamOpened: self._stream_opened, ev.StreamRollback: self._stream_rollback,
-            ev.StreamRefused: self._stream_refused, ev.Answer: self._answer,
+            ev.Items: self._items,
+            ev.Marker: self._marker,
+            ev.SeqnoAdvanced: self._seqno_advanced,
+            ev.StreamEnded: self._stream_ended,
+            ev.StreamOpened: self._stream_opened,
+            ev.StreamRollback: self._stream_rollback,
+            ev.StreamRefused: self._stream_refused,
+            ev.Answer: self._answer,
             ev.SnapshotDone: _ignore,  # RangeRead decides on snapshot ends itself
         }
 
     # ------------------------------------------------------------------ connection
 
     def connect(self) -> None:
-        client = WireClient(self.cfg.host, self.cfg.port, timeout=self.cfg.timeout,
-                            session=ClientSession(mutation=mutation_row,
-                                                  deletion=deletion_row,
-                                                  expiration=expiration_row))
+        client = WireClient(
+            self.cfg.host,
+            self.cfg.port,
+            timeout=self.cfg.timeout,
+            session=ClientSession(
+                mutation=mutation_row, deletion=deletion_row, expiration=expiration_row
+            ),
+        )
         client.connect()
         try:
-            client.dcp_open(f"{self.name}:{os.getpid()}:{secrets.token_hex(4)}",
-                            flags=int(DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES),
-                            controls={
-                                "send_stream_end_on_client_close_stream": "true",
-                                "enable_expiry_opcode": "true",
-                                # A disk range whose last seqno was a purged tombstone
-                                # then completes without waiting for the next change.
-                                "send_seqno_advanced": "true",
-                                # Refused without a history window on the server: fine.
-                                "change_streams": "true",
-                            })
+            client.dcp_open(
+                f"{self.name}:{os.getpid()}:{secrets.token_hex(4)}",
+                flags=int(DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES),
+                controls={
+                    "send_stream_end_on_client_close_stream": "true",
+                    "enable_expiry_opcode": "true",
+                    # A disk range whose last seqno was a purged tombstone
+                    # then completes without waiting for the next change.
+                    "send_seqno_advanced": "true",
+                    # Refused without a history window on the server: fine.
+                    "change_streams": "true",
+                },
+            )
         except BaseException:
             client.close()
             raise
@@ -124,8 +138,13 @@ class _Reader:
         once the range is read (see the module rules)."""
         assert self.client is not None
         st.opaque, data = self.client.proto.stream_request(
-            st.rng.vbucket, start=st.c, end=SEQNO_MAX, vb_uuid=st.rng.uuid, snap_start=st.c,
-            snap_end=st.c)
+            st.rng.vbucket,
+            start=st.c,
+            end=SEQNO_MAX,
+            vb_uuid=st.rng.uuid,
+            snap_start=st.c,
+            snap_end=st.c,
+        )
         self.by_opaque[st.opaque] = st
         st.state = "requested"
         st.restart()
@@ -153,8 +172,7 @@ class _Reader:
         if self.cfg.on_rollback != "rewind":
             raise RollbackDetectedError(rng.vbucket, uuid, seqno, r, "reading", detail)
         at = min(r, rng.start)
-        log.warning("vbucket %d: %s; emitting a rollback row to seqno %d", rng.vbucket,
-                    detail, at)
+        log.warning("vbucket %d: %s; emitting a rollback row to seqno %d", rng.vbucket, detail, at)
         st.rollback(at)
         if st.state == "requested":  # the ROLLBACK answer: the server opened no stream
             st.state = "done"
@@ -173,17 +191,31 @@ class _Reader:
             flog = list(e.failover_log)
             r = rollback_seqno(VbPosition(rng.end_uuid, rng.end), flog, SEQNO_MAX)
             if r is not None:
-                self.rolled_back(st, rng.end_uuid, rng.end, r, (
-                    f"the planned end (uuid {rng.end_uuid}, seqno {rng.end}) is no longer "
-                    f"on the server's history (failover log {flog})"))
+                self.rolled_back(
+                    st,
+                    rng.end_uuid,
+                    rng.end,
+                    r,
+                    (
+                        f"the planned end (uuid {rng.end_uuid}, seqno {rng.end}) is no longer "
+                        f"on the server's history (failover log {flog})"
+                    ),
+                )
 
     def _stream_rollback(self, e: ev.StreamRollback) -> None:
         st = self.by_opaque.get(e.opaque)
         if st is None or st.state != "requested":
             return
-        self.rolled_back(st, st.rng.uuid, st.c, e.seqno, (
-            f"the stream request at (uuid {st.rng.uuid}, seqno {st.c}) was answered "
-            f"ROLLBACK to {e.seqno}"))
+        self.rolled_back(
+            st,
+            st.rng.uuid,
+            st.c,
+            e.seqno,
+            (
+                f"the stream request at (uuid {st.rng.uuid}, seqno {st.c}) was answered "
+                f"ROLLBACK to {e.seqno}"
+            ),
+        )
 
     def _stream_refused(self, e: ev.StreamRefused) -> None:
         st = self.by_opaque.get(e.opaque)
@@ -197,7 +229,8 @@ class _Reader:
         raise RangeUnavailableError(
             f"vbucket {rng.vbucket}: the server refused the stream request for (seqno {st.c}, "
             f"{rng.end}] (uuid {rng.uuid}) with status 0x{status:02x}: "
-            f"{e.value[:200].decode('utf-8', 'replace')}")
+            f"{e.value[:200].decode('utf-8', 'replace')}"
+        )
 
     def _answer(self, e: ev.Answer) -> None:
         st = self.by_opaque.get(e.opaque)
@@ -218,8 +251,10 @@ class _Reader:
             # last whole snapshot.
             self.schedule_retry(st, f"stream ended with reason {reason}")
             return
-        raise RangeUnavailableError(f"vbucket {st.rng.vbucket}: stream ended with reason "
-                                    f"{reason} at seqno {st.c} of (..., {st.end}]")
+        raise RangeUnavailableError(
+            f"vbucket {st.rng.vbucket}: stream ended with reason "
+            f"{reason} at seqno {st.c} of (..., {st.end}]"
+        )
 
     def schedule_retry(self, st: RangeRead, why: str) -> None:
         if st.flags & _HISTORY:
@@ -227,14 +262,16 @@ class _Reader:
         if st.partial:
             raise RangeUnavailableError(
                 f"vbucket {st.rng.vbucket}: {why} after part of a range larger than "
-                f"{BUFFER_BYTES} bytes was handed out; failing the task")
+                f"{BUFFER_BYTES} bytes was handed out; failing the task"
+            )
         now = time.monotonic()
         if st.failing_since is None:
             st.failing_since = now
         elif now - st.failing_since > self.cfg.retry_timeout:
             raise RangeUnavailableError(
                 f"vbucket {st.rng.vbucket}: gave up after {now - st.failing_since:.1f} s of "
-                f"retries: {why}")
+                f"retries: {why}"
+            )
         st.attempts += 1
         st.drop_pending()
         st.state = "retry"

@@ -53,8 +53,9 @@ class VbPosition:
             v = getattr(self, name)
             if type(v) is not int or not 0 <= v <= _U64:
                 raise OffsetError(f"{name} must be an integer in 0..2**64-1, not {v!r}")
-        if self.rollback is not None and (type(self.rollback) is not int
-                                          or not 0 <= self.rollback <= self.seqno):
+        if self.rollback is not None and (
+            type(self.rollback) is not int or not 0 <= self.rollback <= self.seqno
+        ):
             raise OffsetError(f"rollback seqno {self.rollback!r} must be in 0..{self.seqno}")
 
     def plain(self) -> VbPosition:
@@ -117,8 +118,7 @@ def from_json(obj: Any) -> Offsets:
     if not isinstance(obj, dict) or "vb" not in obj:
         raise OffsetError(f"not a dcp offset (expected {{'v': 1, 'vb': {{...}}}}): {obj!r}")
     if obj.get("v") != VERSION:
-        raise OffsetError(f"offset version {obj.get('v')!r} is not supported (expected "
-                          f"{VERSION})")
+        raise OffsetError(f"offset version {obj.get('v')!r} is not supported (expected {VERSION})")
     vbs = obj["vb"]
     if not isinstance(vbs, dict):
         raise OffsetError("offset field 'vb' must be an object")

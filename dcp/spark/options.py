@@ -27,16 +27,16 @@ OPTIONS = {
     "vbuckets": "vbuckets to read: 'all' (default) or a list like '0,4,8-15'",
     "startingoffsets": "stream start: 'earliest' (default), 'latest' or offsets as JSON",
     "startingoffsetsfile": "file that keeps the resolved starting offsets (required for "
-                           "'latest'); written once, atomically, then always read back",
+    "'latest'); written once, atomically, then always read back",
     "maxrowsperbatch": "upper bound of rows (seqnos) per micro-batch, cut on snapshot "
-                       "boundaries; at least one snapshot per batch (default: no bound)",
+    "boundaries; at least one snapshot per batch (default: no bound)",
     "maxrowspermicrobatch": "alias of maxRowsPerBatch",
     "numpartitions": "Spark partitions (tasks) per batch; vbuckets are spread over them "
-                     "(default: CPU count of the driver)",
+    "(default: CPU count of the driver)",
     "onrollback": "'fail' (default): stop the query on a rollback; 'rewind': emit an "
-                  "op='rollback' row and continue from the rollback seqno",
+    "op='rollback' row and continue from the rollback seqno",
     "onmergedsnapshot": "'fail' (default for streams) or 'reread' (default for batch reads):"
-                        " what to do when a planned range can no longer be served exactly",
+    " what to do when a planned range can no longer be served exactly",
     "timeout": "socket timeout in seconds (default 30)",
     "retrytimeout": "seconds an executor keeps retrying a lost connection (default 30)",
     "plancachems": "how long the driver reuses the server's high seqnos (default 250)",
@@ -86,8 +86,9 @@ def parse_vbuckets(text: str) -> tuple[int, ...] | None:
             else:
                 out.add(int(part))
     except ValueError as exc:
-        raise OptionError(f"option vbuckets={text!r}: expected 'all' or a list like "
-                          f"'0,4,8-15' ({exc})") from exc
+        raise OptionError(
+            f"option vbuckets={text!r}: expected 'all' or a list like '0,4,8-15' ({exc})"
+        ) from exc
     if not out or min(out) < 0 or max(out) > 0xFFFF:
         raise OptionError(f"option vbuckets={text!r}: vbuckets must be 0..65535")
     return tuple(sorted(out))
@@ -131,8 +132,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceConfi
     for k, v in options.items():
         key = _ALIASES.get(k.lower(), k.lower())
         if key not in OPTIONS:
-            raise OptionError(f"unknown option {k!r}; known options: "
-                              f"{', '.join(sorted(n for n in OPTIONS if n not in _ALIASES))}")
+            raise OptionError(
+                f"unknown option {k!r}; known options: "
+                f"{', '.join(sorted(n for n in OPTIONS if n not in _ALIASES))}"
+            )
         if v is None:
             continue
         opts[key] = str(v)
@@ -150,8 +153,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceConfi
         if so.lower() in ("earliest", "latest"):
             so = so.lower()
         elif not so.startswith("{"):
-            raise OptionError(f"option startingOffsets={so!r}: expected 'earliest', 'latest' "
-                              f"or a JSON object")
+            raise OptionError(
+                f"option startingOffsets={so!r}: expected 'earliest', 'latest' or a JSON object"
+            )
         kw["starting_offsets"] = so
     if "startingoffsetsfile" in opts:
         kw["starting_offsets_file"] = opts["startingoffsetsfile"].strip() or None
@@ -160,7 +164,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceConfi
             "startingOffsets=latest needs option startingOffsetsFile: 'latest' is resolved "
             "once and must read back identically after a restart, and Spark does not tell a "
             "Python source its checkpoint location. Give a path (e.g. inside the checkpoint "
-            "directory) where the resolved offsets are kept.")
+            "directory) where the resolved offsets are kept."
+        )
     if "maxrowsperbatch" in opts:
         kw["max_rows_per_batch"] = _int("maxRowsPerBatch", opts["maxrowsperbatch"], 1)
     if "numpartitions" in opts:
@@ -168,8 +173,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceConfi
     if "onrollback" in opts:
         kw["on_rollback"] = _choice("onRollback", opts["onrollback"], ("fail", "rewind"))
     if "onmergedsnapshot" in opts:
-        kw["on_merged_snapshot"] = _choice("onMergedSnapshot", opts["onmergedsnapshot"],
-                                           ("fail", "reread"))
+        kw["on_merged_snapshot"] = _choice(
+            "onMergedSnapshot", opts["onmergedsnapshot"], ("fail", "reread")
+        )
     if "timeout" in opts:
         kw["timeout"] = _float("timeout", opts["timeout"], 0.1)
     if "retrytimeout" in opts:

@@ -46,10 +46,31 @@ class RangeRead:
     waiting for its STREAM_END) -> ``done``; ``retry`` while waiting out a back-off.
     """
 
-    __slots__ = ("acc", "attempts", "c", "counted", "done", "end", "extend", "failing_since",
-                 "first", "flags", "nbytes", "on_merged", "opaque", "out", "partial",
-                 "pbytes", "rng", "rows", "snap_end", "snap_start", "state", "stop",
-                 "verify")
+    __slots__ = (
+        "acc",
+        "attempts",
+        "c",
+        "counted",
+        "done",
+        "end",
+        "extend",
+        "failing_since",
+        "first",
+        "flags",
+        "nbytes",
+        "on_merged",
+        "opaque",
+        "out",
+        "partial",
+        "pbytes",
+        "rng",
+        "rows",
+        "snap_end",
+        "snap_start",
+        "state",
+        "stop",
+        "verify",
+    )
 
     def __init__(self, rng: VbRange, out: Chunk, on_merged: str = "fail") -> None:
         self.rng = rng
@@ -94,8 +115,9 @@ class RangeRead:
         rows = self.rows
         m = len(rows[0])
         if m - self.counted >= 4096:
-            self.pbytes += (sum(map(len, filter(None, rows[3][self.counted:])))
-                            + 64 * (m - self.counted))
+            self.pbytes += sum(map(len, filter(None, rows[3][self.counted :]))) + 64 * (
+                m - self.counted
+            )
             self.counted = m
             if self.pbytes > BUFFER_BYTES:
                 self.item_done(rows[0][-1])
@@ -179,12 +201,20 @@ class RangeRead:
             return
         rng = self.rng
         if self.on_merged != "reread":
-            raise MergedSnapshotError(rng.vbucket, rng.start, rng.end, self.snap_start,
-                                      self.snap_end, self.flags)
-        log.warning("vbucket %d: range (%d, %d] was merged into snapshot [%d, %d] since it "
-                    "was planned; handing that snapshot out whole (rows past seqno %d "
-                    "included)", rng.vbucket, rng.start, rng.end, self.snap_start,
-                    self.snap_end, rng.end)
+            raise MergedSnapshotError(
+                rng.vbucket, rng.start, rng.end, self.snap_start, self.snap_end, self.flags
+            )
+        log.warning(
+            "vbucket %d: range (%d, %d] was merged into snapshot [%d, %d] since it "
+            "was planned; handing that snapshot out whole (rows past seqno %d "
+            "included)",
+            rng.vbucket,
+            rng.start,
+            rng.end,
+            self.snap_start,
+            self.snap_end,
+            rng.end,
+        )
         self.extend = True
         self.snapshot_done()
 

@@ -64,8 +64,9 @@ def _check_schema(schema: Any) -> None:
     got = [(f.name, f.dataType.typeName()) for f in fields]
     want = [(n, _SPARK_TYPES[t]) for n, t in COLUMNS]
     if got != want:
-        raise OptionError(f"the dcp source has a fixed schema ({SCHEMA_DDL}); a different "
-                          f"schema was given: {got}")
+        raise OptionError(
+            f"the dcp source has a fixed schema ({SCHEMA_DDL}); a different schema was given: {got}"
+        )
 
 
 def _read(cfg: SourceConfig, partition: InputPartition, what: str) -> Iterator[Any]:
@@ -151,8 +152,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = from_json(start)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else 0
-        end = self.planner.latest(begin, limit=max_rows, min_rows=min_rows,
-                                  target=self._target)
+        end = self.planner.latest(begin, limit=max_rows, min_rows=min_rows, target=self._target)
         if end == begin:
             return start  # unchanged text: Spark plans no batch
         return to_json(end)
@@ -161,8 +161,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, finish = from_json(start), from_json(end)
         ranges = plan_ranges(begin, finish)
         self.planner.remember(begin, finish)
-        return [DcpPartition(i, g) for i, g in enumerate(group_ranges(ranges,
-                                                                      self.cfg.partitions))]
+        return [DcpPartition(i, g) for i, g in enumerate(group_ranges(ranges, self.cfg.partitions))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.cfg, partition, "stream")

@@ -40,8 +40,15 @@ class WireClient:
     ``close()``, which never raises.
     """
 
-    def __init__(self, host: str, port: int, *, timeout: float = 30.0,
-                 recv_size: int = 1 << 20, session: ClientSession | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float = 30.0,
+        recv_size: int = 1 << 20,
+        session: ClientSession | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
@@ -159,8 +166,9 @@ class WireClient:
             raise for_status(frame.status, bytes(frame.value), what)
         return frame
 
-    def dcp_open(self, name: str | None = None, flags: int = 0x1,
-                 controls: dict[str, str] | None = None) -> dict[str, bool]:
+    def dcp_open(
+        self, name: str | None = None, flags: int = 0x1, controls: dict[str, str] | None = None
+    ) -> dict[str, bool]:
         """HELLO + DCP_OPEN (producer) + DCP_CONTROLs in one round trip.
 
         Returns which controls the server accepted (a refused control is not an error).

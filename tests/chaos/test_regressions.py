@@ -35,8 +35,14 @@ async def _set_all(c: RawClient, pairs: list[tuple[bytes, bytes]], num_vbuckets:
     for k, v in pairs:
         op = c.next_opaque()
         ops.append(op)
-        buf += codec.request(Opcode.SET, vbucket=codec.vbucket_for_key(k, num_vbuckets),
-                             opaque=op, extras=codec.store_extras(0, 0), key=k, value=v)
+        buf += codec.request(
+            Opcode.SET,
+            vbucket=codec.vbucket_for_key(k, num_vbuckets),
+            opaque=op,
+            extras=codec.store_extras(0, 0),
+            key=k,
+            value=v,
+        )
     await c.stream.send_all(bytes(buf))
     with trio.fail_after(30):
         for op in ops:
@@ -87,8 +93,7 @@ class _DcpReader:
                     await self.stream.send_all(codec.buffer_ack(n))
 
 
-async def test_stream_whose_dropped_cursor_is_placed_back_in_memory_keeps_sending(
-        tmp_path) -> None:
+async def test_stream_whose_dropped_cursor_is_placed_back_in_memory_keeps_sending(tmp_path) -> None:
     """Found by ``chaos.py slow`` (a stalled consumer stopped 26 items short of the high
     seqno for good). When memory pressure drops a stream's cursor and re-registering it
     finds the items still in memory (another cursor pins them), ``ActiveStream._refill``
@@ -112,12 +117,14 @@ async def test_stream_whose_dropped_cursor_is_placed_back_in_memory_keeps_sendin
         assert high == 20
         assert consumer.seqnos.get(0) == high, (
             f"stream stalled at seqno {consumer.seqnos.get(0)} of {high} after its cursor was "
-            f"dropped and re-registered in memory")
+            f"dropped and re-registered in memory"
+        )
         await kv.aclose()
 
 
 async def test_stalled_consumer_buffers_a_bounded_amount_of_backfill_whatever_the_vbucket_count(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """Found by ``chaos.py slow`` (3 slow consumers added 333 MiB of server heap with an
     8 MiB checkpoint quota; 123 MiB of it buffered backfill). The scan of each stream pauses
     at ``backfill_buffer_bytes``, but a scan that has read its whole range ends and frees
@@ -141,11 +148,13 @@ async def test_stalled_consumer_buffers_a_bounded_amount_of_backfill_whatever_th
         budget = 2 * (256 * 1024 + 64 * 1024)
         assert buffered <= budget, (
             f"{buffered >> 10} KiB of backfill buffered for one stalled consumer "
-            f"(budget {budget >> 10} KiB for 2 concurrent scans)")
+            f"(budget {budget >> 10} KiB for 2 concurrent scans)"
+        )
 
 
 async def test_writes_acknowledged_before_the_map_filled_survive_a_graceful_restart_with_a_larger_map(  # noqa: E501
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """Found by ``chaos.py storage`` (4-25 acknowledged writes lost per run, and streaming
     consumers told to roll back). Writes acknowledged in memory between the last flush
     that fit and the first MDB_MAP_FULL stay queued; the documented remedy (stop, restart
@@ -177,12 +186,15 @@ async def test_writes_acknowledged_before_the_map_filled_survive_a_graceful_rest
             if g.status != Status.SUCCESS or bytes(g.value) != v:
                 lost.append(k)
         await c.aclose()
-    assert not lost, (f"{len(lost)} of {len(acked)} acknowledged writes lost, e.g. {lost[:3]} "
-                      f"(the graceful stop failed with: {stop_error})")
+    assert not lost, (
+        f"{len(lost)} of {len(acked)} acknowledged writes lost, e.g. {lost[:3]} "
+        f"(the graceful stop failed with: {stop_error})"
+    )
 
 
 async def test_a_client_resetting_its_connection_while_the_server_writes_to_it_does_not_crash_the_server(  # noqa: E501
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """Found by ``chaos.py fuzz`` (the server exited 1 after 620 k frames). A connection
     whose client stops reading and then resets (RST) while the server is sending: the
     writer task's ``BrokenResourceError`` leaves ``Connection.run``'s nursery wrapped in
@@ -191,19 +203,24 @@ async def test_a_client_resetting_its_connection_while_the_server_writes_to_it_d
     reset: it stopped reading at ``connection_output_cap``.)"""
     crashed: list[BaseException] = []
     try:
-        async with running_server(tmp_path / "d", num_vbuckets=1,
-                                  connection_output_cap=1 << 20) as server:
+        async with running_server(
+            tmp_path / "d", num_vbuckets=1, connection_output_cap=1 << 20
+        ) as server:
             kv = await RawClient.connect(server.port)
             key = b"big"
             assert (await kv.store(key, b"x" * (512 << 10), 0)).status == Status.SUCCESS
             sock = trio.socket.socket()
             await sock.connect(("127.0.0.1", server.port))
-            gets = b"".join(codec.request(Opcode.GET, vbucket=0, opaque=i, key=key)
-                            for i in range(64))  # 32 MiB of answers nobody reads
+            gets = b"".join(
+                codec.request(Opcode.GET, vbucket=0, opaque=i, key=key) for i in range(64)
+            )  # 32 MiB of answers nobody reads
             await sock.send(gets)
             await trio.sleep(0.5)
-            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_LINGER,
-                            (1).to_bytes(4, "little") + (0).to_bytes(4, "little"))
+            sock.setsockopt(
+                trio.socket.SOL_SOCKET,
+                trio.socket.SO_LINGER,
+                (1).to_bytes(4, "little") + (0).to_bytes(4, "little"),
+            )
             sock.close()  # abortive close: RST
             await trio.sleep(0.5)
             r = await kv.get(key, 0)  # the server still serves everyone else

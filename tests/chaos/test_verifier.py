@@ -22,11 +22,30 @@ def _key(vb: int, i: int = 0) -> str:
         n += 1
 
 
-def _acked(i: int, key: str, version: int, seqno: int, *, op: str = "set", uuid: int = U1,
-           durable: bool = False) -> Attempt:
+def _acked(
+    i: int,
+    key: str,
+    version: int,
+    seqno: int,
+    *,
+    op: str = "set",
+    uuid: int = U1,
+    durable: bool = False,
+) -> Attempt:
     value = None if op == "del" else f"{key}|{version}|1|"
-    return Attempt(i, key, codec.vbucket_for_key(key.encode(), NV), version, op, durable,
-                   value, 1, status="acked", uuid=uuid, seqno=seqno)
+    return Attempt(
+        i,
+        key,
+        codec.vbucket_for_key(key.encode(), NV),
+        version,
+        op,
+        durable,
+        value,
+        1,
+        status="acked",
+        uuid=uuid,
+        seqno=seqno,
+    )
 
 
 def _truth() -> tuple[Truth, str, str]:
@@ -61,8 +80,17 @@ def test_a_skipped_snapshot_is_reported_as_a_lost_change() -> None:
 
 def test_a_value_nobody_wrote_is_reported_as_invented() -> None:
     truth, a, b = _truth()
-    ops = [["b", 0, 1, 3, 1, [[U1, 0]], [[1, "m", a, f"{a}|1|1|"], [2, "m", b, "forged"],
-                                        [3, "m", a, f"{a}|2|1|"]]]]
+    ops = [
+        [
+            "b",
+            0,
+            1,
+            3,
+            1,
+            [[U1, 0]],
+            [[1, "m", a, f"{a}|1|1|"], [2, "m", b, "forged"], [3, "m", a, f"{a}|2|1|"]],
+        ]
+    ]
     _, findings, _ = verify_journal("c", [ops], truth)
     assert any("invented" in f for f in findings), findings
 
@@ -70,8 +98,11 @@ def test_a_value_nobody_wrote_is_reported_as_invented() -> None:
 def test_a_change_kept_from_a_branch_the_server_lost_is_reported() -> None:
     a = _key(1)
     b = _key(1, 1)
-    attempts = [_acked(0, a, 1, 1), _acked(1, a, 2, 2),  # seqno 2 lost by a crash
-                _acked(2, b, 1, 2, uuid=U2)]  # the new branch reuses seqno 2
+    attempts = [
+        _acked(0, a, 1, 1),
+        _acked(1, a, 2, 2),  # seqno 2 lost by a crash
+        _acked(2, b, 1, 2, uuid=U2),
+    ]  # the new branch reuses seqno 2
     truth = Truth(attempts, NV)
     before = ["b", 1, 1, 2, 1, [[U1, 0]], [[1, "m", a, f"{a}|1|1|"], [2, "m", a, f"{a}|2|1|"]]]
     after = ["b", 1, 2, 2, 1, [[U2, 1], [U1, 0]], [[2, "m", b, f"{b}|1|1|"]]]
@@ -84,8 +115,17 @@ def test_a_change_kept_from_a_branch_the_server_lost_is_reported() -> None:
 
 def test_a_rollback_undoes_exactly_the_changes_above_its_seqno() -> None:
     v = View()
-    v.apply_op(["b", 0, 1, 3, 1, [[U1, 0]], [[1, "m", "x", "x1"], [2, "m", "y", "y1"],
-                                            [3, "m", "x", "x2"]]])
+    v.apply_op(
+        [
+            "b",
+            0,
+            1,
+            3,
+            1,
+            [[U1, 0]],
+            [[1, "m", "x", "x1"], [2, "m", "y", "y1"], [3, "m", "x", "x2"]],
+        ]
+    )
     v.apply_op(["r", 0, 2, 3, U1])
     assert v.state() == {"x": "x1", "y": "y1"}
     assert v.vb(0).end == 2
@@ -98,8 +138,7 @@ def test_uuid_of_names_the_failover_entry_that_owns_a_seqno() -> None:
     assert uuid_of(0, log) is None
 
 
-def test_a_journal_line_torn_by_a_kill_is_ignored_and_cut_before_the_next_append(
-        tmp_path) -> None:
+def test_a_journal_line_torn_by_a_kill_is_ignored_and_cut_before_the_next_append(tmp_path) -> None:
     path = tmp_path / "j.jsonl"
     j = Journal(path)
     j.append([["t", 0, 0]])

@@ -33,12 +33,14 @@ def _producer(port_q, items: int, vbuckets: int, snap: int) -> None:
         for f in reader.read_frames():
             if f.opcode == Opcode.DCP_STREAM_REQ:
                 opaques[f.vbucket] = f.opaque
-                out += codec.response(f.opcode, opaque=f.opaque,
-                                      value=codec.failover_log_value([(1234, 0)]))
+                out += codec.response(
+                    f.opcode, opaque=f.opaque, value=codec.failover_log_value([(1234, 0)])
+                )
             elif f.opcode == Opcode.GET_ALL_VB_SEQNOS:
                 pairs = [(vb, items // vbuckets) for vb in range(vbuckets)]
-                out += codec.response(f.opcode, opaque=f.opaque,
-                                      value=codec.all_vb_seqnos_value(pairs))
+                out += codec.response(
+                    f.opcode, opaque=f.opaque, value=codec.all_vb_seqnos_value(pairs)
+                )
             elif f.magic == 0x80:
                 out += codec.response(f.opcode, opaque=f.opaque)
         conn.sendall(out)
@@ -78,8 +80,14 @@ async def _consume(port: int, items: int, vbuckets: int) -> tuple[float, int, di
     from dcp.consumer import DcpClient
 
     n = 0
-    async with DcpClient("127.0.0.1", port, vbuckets=range(vbuckets), to_latest=True,
-                         noop_interval=None, buffer_size=20 * 1024 * 1024) as client:
+    async with DcpClient(
+        "127.0.0.1",
+        port,
+        vbuckets=range(vbuckets),
+        to_latest=True,
+        noop_interval=None,
+        buffer_size=20 * 1024 * 1024,
+    ) as client:
         t0 = trio.current_time()
         while True:
             got = await client.getmany()
@@ -108,9 +116,11 @@ def main() -> None:
     proc.join(5)
     if proc.is_alive():
         proc.kill()
-    print(f"{n} mutations, {vbuckets} vbuckets, snapshots of {snap}: {elapsed:.2f} s wall, "
-          f"{cpu:.2f} s CPU -> {n / elapsed / 1e3:.0f} k/s wall, {n / cpu / 1e3:.0f} k/s per "
-          f"CPU-second; batches={stats['batches']} acks={stats['buffer_acks']}")
+    print(
+        f"{n} mutations, {vbuckets} vbuckets, snapshots of {snap}: {elapsed:.2f} s wall, "
+        f"{cpu:.2f} s CPU -> {n / elapsed / 1e3:.0f} k/s wall, {n / cpu / 1e3:.0f} k/s per "
+        f"CPU-second; batches={stats['batches']} acks={stats['buffer_acks']}"
+    )
 
 
 if __name__ == "__main__":

@@ -85,8 +85,14 @@ class VbHistory:
         self.high = 0
         self.purge_seqno = 0  # > 0: markers are sent as v2.2 carrying it
 
-    def add_snapshot(self, items: list[Any], *, flags: int = MEMORY,
-                     start: int | None = None, end: int | None = None) -> Snap:
+    def add_snapshot(
+        self,
+        items: list[Any],
+        *,
+        flags: int = MEMORY,
+        start: int | None = None,
+        end: int | None = None,
+    ) -> Snap:
         """Append a snapshot. ``items``: ``Item``s, ``(key, value)`` pairs or keys;
         without explicit seqnos they get high+1, high+2, ..."""
         seq = self.high
@@ -101,20 +107,34 @@ class VbHistory:
                 made.append(Item(seq, _b(it[0]), _b(it[1])))
             else:
                 made.append(Item(seq, _b(it), b"v-" + _b(it)))
-        s = Snap(self.high + 1 if start is None else start,
-                 (made[-1].seqno if made else self.high) if end is None else end, flags, made)
+        s = Snap(
+            self.high + 1 if start is None else start,
+            (made[-1].seqno if made else self.high) if end is None else end,
+            flags,
+            made,
+        )
         self.snapshots.append(s)
         self.high = max(self.high, s.end)
         return s
 
-    def add_mutations(self, count: int, per_snapshot: int = 10, prefix: str = "k",
-                      value: bytes = b"", flags: int = MEMORY) -> None:
+    def add_mutations(
+        self,
+        count: int,
+        per_snapshot: int = 10,
+        prefix: str = "k",
+        value: bytes = b"",
+        flags: int = MEMORY,
+    ) -> None:
         n = 0
         while n < count:
             k = min(per_snapshot, count - n)
-            self.add_snapshot([(f"{prefix}{self.vb}-{self.high + i + 1}",
-                                value or f"v{self.high + i + 1}") for i in range(k)],
-                              flags=flags)
+            self.add_snapshot(
+                [
+                    (f"{prefix}{self.vb}-{self.high + i + 1}", value or f"v{self.high + i + 1}")
+                    for i in range(k)
+                ],
+                flags=flags,
+            )
             n += k
 
     def failover(self, new_uuid: int, at: int) -> None:
@@ -164,8 +184,9 @@ class Fault:
 
 
 class ServerStream:
-    def __init__(self, conn: FakeConnection, hist: VbHistory, opaque: int, start: int,
-                 end: int) -> None:
+    def __init__(
+        self, conn: FakeConnection, hist: VbHistory, opaque: int, start: int, end: int
+    ) -> None:
         self.conn = conn
         self.hist = hist
         self.vb = hist.vb
@@ -202,20 +223,42 @@ class ServerStream:
         if not purge:
             return codec.snapshot_marker(self.vb, self.opaque, start, end, flags)
         value = codec.MARKER_V2_0.pack(start, end, flags, end, 0) + U64.pack(purge) + U64.pack(0)
-        return (codec.dcp_header(Opcode.DCP_SNAPSHOT_MARKER, 0, 1, 0, self.vb, 1 + len(value),
-                                 self.opaque, 0) + b"\x02" + value)
+        return (
+            codec.dcp_header(
+                Opcode.DCP_SNAPSHOT_MARKER, 0, 1, 0, self.vb, 1 + len(value), self.opaque, 0
+            )
+            + b"\x02"
+            + value
+        )
 
     def _item(self, it: Item) -> bytes:
         c = self.conn
         cas = it.seqno * 1000 + it.rev
         if it.kind == "m":
-            return codec.mutation(self.vb, self.opaque, it.seqno, it.rev, it.key, it.value,
-                                  cas=cas, flags=it.flags, expiry=it.expiry)
+            return codec.mutation(
+                self.vb,
+                self.opaque,
+                it.seqno,
+                it.rev,
+                it.key,
+                it.value,
+                cas=cas,
+                flags=it.flags,
+                expiry=it.expiry,
+            )
         if it.kind == "x" and c.delete_times and c.expiry_opcode:
-            return codec.expiration(self.vb, self.opaque, it.seqno, it.rev, it.key, cas=cas,
-                                    delete_time=1700000000)
-        return codec.deletion(self.vb, self.opaque, it.seqno, it.rev, it.key, cas=cas,
-                              delete_time=1700000000 if c.delete_times else None)
+            return codec.expiration(
+                self.vb, self.opaque, it.seqno, it.rev, it.key, cas=cas, delete_time=1700000000
+            )
+        return codec.deletion(
+            self.vb,
+            self.opaque,
+            it.seqno,
+            it.rev,
+            it.key,
+            cas=cas,
+            delete_time=1700000000 if c.delete_times else None,
+        )
 
     def _end(self, reason: int) -> None:
         self.frames.append((codec.stream_end(self.vb, self.opaque, reason), None))
@@ -283,10 +326,18 @@ class FakeConnection:
             for f in self.reader.read_frames():
                 await self.handle(f)
 
-    async def respond(self, opcode: int, opaque: int, status: int = 0, value: bytes = b"",
-                      extras: bytes = b"", cas: int = 0) -> None:
-        await self.send(codec.response(opcode, status, opaque=opaque, value=value,
-                                       extras=extras, cas=cas))
+    async def respond(
+        self,
+        opcode: int,
+        opaque: int,
+        status: int = 0,
+        value: bytes = b"",
+        extras: bytes = b"",
+        cas: int = 0,
+    ) -> None:
+        await self.send(
+            codec.response(opcode, status, opaque=opaque, value=value, extras=extras, cas=cas)
+        )
 
     async def handle(self, f: Frame) -> None:
         p = self.producer
@@ -354,9 +405,19 @@ class FakeConnection:
         p = self.producer
         req = codec.parse_stream_request(f)
         vb = req.vbucket
-        p.stream_requests.append(StreamRequestRecord(
-            vb, req.flags, req.start_seqno, req.end_seqno, req.vb_uuid, req.snap_start_seqno,
-            req.snap_end_seqno, req.opaque, req.value))
+        p.stream_requests.append(
+            StreamRequestRecord(
+                vb,
+                req.flags,
+                req.start_seqno,
+                req.end_seqno,
+                req.vb_uuid,
+                req.snap_start_seqno,
+                req.snap_end_seqno,
+                req.opaque,
+                req.value,
+            )
+        )
         op = Opcode.DCP_STREAM_REQ
         script = p.stream_responses.get(vb)
         if script:
@@ -406,8 +467,9 @@ class FakeConnection:
                 await self.respond(op, f.opaque, Status.KEY_ENOENT)
             else:
                 value, flags, cas = docs[key]
-                await self.respond(op, f.opaque, value=value, extras=struct.pack(">I", flags),
-                                   cas=cas)
+                await self.respond(
+                    op, f.opaque, value=value, extras=struct.pack(">I", flags), cas=cas
+                )
             return
         exists = key in docs
         if (op == Opcode.ADD and exists) or (op == Opcode.REPLACE and not exists):

@@ -24,8 +24,9 @@ async def test_blocking_client_iterates_and_commits(producer):
 
     def app() -> list:
         got = []
-        with BlockingDcpClient("127.0.0.1", producer.port, to_latest=True, offset_store=store,
-                               noop_interval=None) as client:
+        with BlockingDcpClient(
+            "127.0.0.1", producer.port, to_latest=True, offset_store=store, noop_interval=None
+        ) as client:
             for batch in client:
                 assert isinstance(batch, SnapshotBatch)
                 got.append((batch.vbucket, batch.end, len(batch)))
@@ -43,8 +44,9 @@ async def test_blocking_client_raw_mode_and_rollbacks(producer):
     producer.script(0, ("rollback", 0))
 
     def app() -> list:
-        with BlockingDcpClient("127.0.0.1", producer.port, vbuckets=[0], raw=True,
-                               to_latest=True, noop_interval=None) as client:
+        with BlockingDcpClient(
+            "127.0.0.1", producer.port, vbuckets=[0], raw=True, to_latest=True, noop_interval=None
+        ) as client:
             return [type(e).__name__ for e in client]
 
     got = await trio.to_thread.run_sync(app)

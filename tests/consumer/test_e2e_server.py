@@ -23,8 +23,14 @@ NUM_VB = 8
 
 @contextlib.asynccontextmanager
 async def running_server(data_dir, **kw):
-    cfg = ServerConfig(host="127.0.0.1", port=0, data_dir=str(data_dir), num_vbuckets=NUM_VB,
-                       log_level="WARNING", **kw)
+    cfg = ServerConfig(
+        host="127.0.0.1",
+        port=0,
+        data_dir=str(data_dir),
+        num_vbuckets=NUM_VB,
+        log_level="WARNING",
+        **kw,
+    )
     async with DcpServer(cfg) as server:
         yield server
 
@@ -121,8 +127,9 @@ async def test_unclean_restart_is_reported_as_a_rollback(tmp_path):
     assert rollbacks, "the client saw changes the server lost: it must be told"
     for r in rollbacks:
         assert r.rollback_seqno < r.seqno
-    assert not any(isinstance(x, SnapshotBatch) and any(e.key.startswith(b"m") for e in x)
-                   for x in items), "lost changes are not streamed again"
+    assert not any(
+        isinstance(x, SnapshotBatch) and any(e.key.startswith(b"m") for e in x) for x in items
+    ), "lost changes are not streamed again"
 
 
 async def test_small_window_and_a_backfill_bigger_than_it_do_not_stall(tmp_path):
@@ -152,8 +159,9 @@ async def test_an_idle_vbucket_whose_last_tombstone_was_purged_is_delivered_at_o
     """The disk snapshot's end seqno has no item (the tombstone was purged): the server
     says the snapshot is complete (SEQNO_ADVANCED) instead of leaving the SDK waiting for
     the vbucket's next change."""
-    async with running_server(tmp_path / "d", tombstone_purge_age=0.0,
-                              checkpoint_retain_seconds=0) as server:
+    async with running_server(
+        tmp_path / "d", tombstone_purge_age=0.0, checkpoint_retain_seconds=0
+    ) as server:
         async with kv(server) as k:
             await k.set_many({f"k{i}": b"v" for i in range(40)})
             await k.delete("k3")

@@ -66,8 +66,9 @@ async def test_slow_application_with_a_small_window_never_stalls(producer):
     for vb in range(4):
         producer.vb(vb).add_mutations(120, per_snapshot=7, value=b"y" * 200)
     n = 0
-    async with make_client(producer, vbuckets=range(4), to_latest=True, buffer_size=3000,
-                           ack_ratio=0.5) as c:
+    async with make_client(
+        producer, vbuckets=range(4), to_latest=True, buffer_size=3000, ack_ratio=0.5
+    ) as c:
         with trio.fail_after(20):
             async for b in c:
                 n += len(b)

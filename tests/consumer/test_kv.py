@@ -97,7 +97,10 @@ async def test_durable_writes_use_alt_framing_with_persist_to_majority(producer)
     writes = [f for f in producer.frames if f.opcode in (Opcode.SET, Opcode.DELETE)]
     # frame info id 1 / length 3: the level and a u16 timeout (tests/consumer/test_kv_durable.py)
     assert [(f.magic, bytes(f.framing_extras)[:2]) for f in writes] == [
-        (0x08, b"\x13\x03"), (0x08, b"\x13\x03"), (0x80, b"")]
+        (0x08, b"\x13\x03"),
+        (0x08, b"\x13\x03"),
+        (0x80, b""),
+    ]
     assert codec.parse_durability(writes[0]) == 3
 
 
@@ -108,8 +111,9 @@ async def test_tmpfail_is_retried_and_batch_errors_are_reported_per_item(produce
         assert r.seqno == 1
         await kv.set("b", b"1")
         with pytest.raises(BatchWriteError) as info:
-            await kv._write_many([kv._store_op(Opcode.ADD, k, b"2", 0, 0, 0, False)
-                                  for k in ("a", "c", "b")])
+            await kv._write_many(
+                [kv._store_op(Opcode.ADD, k, b"2", 0, 0, 0, False) for k in ("a", "c", "b")]
+            )
         res = info.value.results
         assert isinstance(res[0], KeyExists) and res[1].key == b"c"
         assert isinstance(res[2], KeyExists)

@@ -25,7 +25,7 @@ NUM_VB = 16
 
 def _timeout_of(frame) -> int:
     """The u16 timeout of a request's durability frame info (parsed, not sliced)."""
-    (fid, data), = codec.parse_frame_infos(frame.framing_extras)
+    ((fid, data),) = codec.parse_frame_infos(frame.framing_extras)
     assert fid == FrameInfoId.DURABILITY and len(data) == 3
     return struct.unpack(">H", data[1:])[0]
 
@@ -71,13 +71,21 @@ async def test_a_retried_durable_write_sends_only_the_time_left(producer, autoju
 
 @pytest.mark.parametrize("many", [False, True])
 async def test_a_durable_write_that_cannot_be_persisted_in_time_is_ambiguous(
-        tmp_path, many) -> None:
+    tmp_path, many
+) -> None:
     """Against the real server with persistence paused: the answer comes from the server
     at the client's deadline (not the server's 30 s default) as ``SyncWriteAmbiguous``."""
-    cfg = ServerConfig(host="127.0.0.1", port=0, data_dir=str(tmp_path / "d"),
-                       num_vbuckets=NUM_VB, log_level="WARNING")
-    async with DcpServer(cfg) as server, KvClient(
-            "127.0.0.1", server.port, num_vbuckets=NUM_VB, timeout=1.0) as kv:
+    cfg = ServerConfig(
+        host="127.0.0.1",
+        port=0,
+        data_dir=str(tmp_path / "d"),
+        num_vbuckets=NUM_VB,
+        log_level="WARNING",
+    )
+    async with (
+        DcpServer(cfg) as server,
+        KvClient("127.0.0.1", server.port, num_vbuckets=NUM_VB, timeout=1.0) as kv,
+    ):
         server.pause_persistence()
         t0 = trio.current_time()
         if many:
@@ -103,7 +111,8 @@ async def test_a_durable_write_that_cannot_be_persisted_in_time_is_ambiguous(
 
 
 async def test_without_extended_errors_a_durable_etmpfail_is_ambiguous_not_retried(
-        autojump_clock) -> None:
+    autojump_clock,
+) -> None:
     """A server that did not grant XERROR answers the deadline with ETMPFAIL: the write
     may have been applied, so it is neither retried nor reported as a timeout."""
     client_end, server_end = memory_stream_pair()
@@ -119,8 +128,7 @@ async def test_without_extended_errors_a_durable_etmpfail_is_ambiguous_not_retri
             for f in reader.read_frames():
                 seen.append(f.opcode)
                 status = Status.SUCCESS if f.opcode == Opcode.HELLO else Status.ETMPFAIL
-                await server_end.send_all(codec.response(f.opcode, opaque=f.opaque,
-                                                         status=status))
+                await server_end.send_all(codec.response(f.opcode, opaque=f.opaque, status=status))
 
     async def connect() -> trio.abc.Stream:
         return client_end

@@ -44,10 +44,18 @@ def test_offset_validation_is_a_usage_error():
 
 
 def test_bad_client_arguments_raise_at_once():
-    for kw in ({"vbuckets": [1, 1]}, {"vbuckets": [-1]}, {"buffer_size": -5},
-               {"ack_ratio": 0}, {"noop_interval": 0.01}, {"start": "later"},
-               {"offsets": {1: Offset(2)}}, {"vbuckets": [0], "offsets": {1: Offset(1)}},
-               {"rollback_policy": "ignore"}, {"offset_store": "file.json"}):
+    for kw in (
+        {"vbuckets": [1, 1]},
+        {"vbuckets": [-1]},
+        {"buffer_size": -5},
+        {"ack_ratio": 0},
+        {"noop_interval": 0.01},
+        {"start": "later"},
+        {"offsets": {1: Offset(2)}},
+        {"vbuckets": [0], "offsets": {1: Offset(1)}},
+        {"rollback_policy": "ignore"},
+        {"offset_store": "file.json"},
+    ):
         with pytest.raises(UsageError):
             DcpClient(port=1, **kw)
 
@@ -56,8 +64,7 @@ def test_file_store_round_trip_and_corruption(tmp_path):
     path = tmp_path / "offsets.json"
     store = FileOffsetStore(path)
     assert store.load() == {}
-    offsets = {3: Offset(3, 77, 10, failover_log=((77, 5), (66, 0)), purge_seqno=2),
-               0: Offset(0)}
+    offsets = {3: Offset(3, 77, 10, failover_log=((77, 5), (66, 0)), purge_seqno=2), 0: Offset(0)}
     store.save(offsets)
     assert FileOffsetStore(path).load() == offsets
     doc = json.loads(path.read_text())
@@ -88,8 +95,11 @@ def test_file_store_survives_kill_9_at_any_instant(tmp_path):
     FileOffsetStore(path).save({0: Offset(0, 1, 0, failover_log=((1, 0),))})
     last = 0
     for round_ in range(6):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(last)],
-                                stdout=subprocess.PIPE, cwd=os.getcwd())
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), str(last)],
+            stdout=subprocess.PIPE,
+            cwd=os.getcwd(),
+        )
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         time.sleep(0.05 + 0.03 * round_)
         os.kill(proc.pid, signal.SIGKILL)
@@ -127,8 +137,7 @@ async def test_restart_resumes_with_the_exact_stream_request_fields(producer, tm
         uuid = producer.vbs[r.vbucket].log[0][0]
         assert (r.start, r.snap_start, r.snap_end, r.vb_uuid) == (want, want, want, uuid)
     got = sorted((b.vbucket, e.seqno) for b in items for e in b)
-    assert got == sorted([(vb, s) for vb in (0, 1, 3) for s in range(4, 9)]
-                         + [(2, 7), (2, 8)])
+    assert got == sorted([(vb, s) for vb in (0, 1, 3) for s in range(4, 9)] + [(2, 7), (2, 8)])
 
 
 async def test_saved_offsets_of_other_vbuckets_are_kept(producer):

@@ -57,13 +57,19 @@ async def test_stream_end_with_a_non_ok_reason_reopens_from_committed_state(prod
     assert got == [(1, 3, 3), (4, 6, 3), (7, 9, 3)]
     assert producer.accepted == 1, "the same connection was reused"
     assert [(r.start, r.snap_start, r.snap_end) for r in producer.requests_for(5)] == [
-        (0, 0, 0), (3, 3, 3)]
+        (0, 0, 0),
+        (3, 3, 3),
+    ]
 
 
 async def test_not_my_vbucket_and_tmpfail_are_retried_with_backoff(producer):
     producer.vb(1).add_mutations(3, per_snapshot=3)
-    producer.script(1, ("status", Status.NOT_MY_VBUCKET), ("status", Status.ETMPFAIL),
-                    ("status", Status.NOT_MY_VBUCKET))
+    producer.script(
+        1,
+        ("status", Status.NOT_MY_VBUCKET),
+        ("status", Status.ETMPFAIL),
+        ("status", Status.NOT_MY_VBUCKET),
+    )
     async with make_client(producer, vbuckets=[1], to_latest=True) as c:
         items = await drain(c)
         assert c.statistics()["stream_retries"] == 3
@@ -110,8 +116,9 @@ async def test_connection_comes_back_after_the_server_was_down(producer, autojum
             raise OSError("connection refused")
         return await trio.open_tcp_stream("127.0.0.1", producer.port)
 
-    async with DcpClient(connector=flaky, vbuckets=[0], to_latest=True, noop_interval=None,
-                         retry_timeout=30.0) as c:
+    async with DcpClient(
+        connector=flaky, vbuckets=[0], to_latest=True, noop_interval=None, retry_timeout=30.0
+    ) as c:
         await trio.sleep(2.0)
         down = False
         items = await drain(c)
@@ -131,8 +138,7 @@ async def test_garbage_from_the_server_drops_the_connection_and_reconnects(produ
             return GarbageAfterHandshake(stream)
         return stream
 
-    async with DcpClient(connector=connect, vbuckets=[0], to_latest=True,
-                         noop_interval=None) as c:
+    async with DcpClient(connector=connect, vbuckets=[0], to_latest=True, noop_interval=None) as c:
         items = await drain(c)
         assert c.statistics()["connects"] == 2
     assert _seqnos(items) == [1, 2, 3]

@@ -81,8 +81,9 @@ async def test_fail_policy_raises_a_typed_error_naming_the_divergence(producer):
     h.add_mutations(4, per_snapshot=4)
     h.failover(B, at=2)
     store = _committed_at(2, 4, ((A, 0),))
-    async with make_client(producer, vbuckets=[2], offset_store=store,
-                           rollback_policy=RollbackPolicy.FAIL) as c:
+    async with make_client(
+        producer, vbuckets=[2], offset_store=store, rollback_policy=RollbackPolicy.FAIL
+    ) as c:
         with pytest.raises(RollbackError) as info:
             await c.getone()
     err = info.value

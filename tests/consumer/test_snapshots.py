@@ -116,8 +116,9 @@ async def test_deletions_and_expirations_are_decoded(producer):
         (b,) = await drain(client)
     assert [type(e) for e in b] == [Mutation, Deletion, Deletion]
     assert b.events[1].delete_time is None  # V1 deletion without IncludeDeleteTimes
-    async with make_client(producer, vbuckets=[0], to_latest=True,
-                           include_expirations=True) as client:
+    async with make_client(
+        producer, vbuckets=[0], to_latest=True, include_expirations=True
+    ) as client:
         (b,) = await drain(client)
     assert [type(e) for e in b] == [Mutation, Deletion, Expiration]
     assert b.events[1].delete_time == 1700000000
@@ -127,8 +128,9 @@ async def test_deletions_and_expirations_are_decoded(producer):
 
 async def test_handshake_sends_hello_open_and_controls(producer):
     producer.vb(0).add_snapshot(["a"])
-    async with make_client(producer, vbuckets=[0], to_latest=True, noop_interval=30,
-                           buffer_size=123456) as client:
+    async with make_client(
+        producer, vbuckets=[0], to_latest=True, noop_interval=30, buffer_size=123456
+    ) as client:
         await drain(client)
     assert set(producer.hello_features[0]) >= {0x07, 0x0B, 0x04}
     assert producer.open_flags[0] & 0x01

@@ -43,7 +43,8 @@ async def test_silent_connection_is_closed_as_dead_and_reopened(producer, autoju
 
 
 async def test_quiet_server_is_probed_with_a_noop_before_being_declared_dead(
-        producer, autojump_clock):
+    producer, autojump_clock
+):
     producer.send_noops = False  # e.g. its noop timer has not started yet
     producer.vb(0).add_mutations(3, per_snapshot=3)
     async with make_client(producer, vbuckets=[0], noop_interval=1.0) as c:
@@ -54,8 +55,7 @@ async def test_quiet_server_is_probed_with_a_noop_before_being_declared_dead(
     assert producer.accepted == 1, "an answered probe proves the connection is alive"
 
 
-async def test_refused_noop_control_disables_dead_connection_detection(producer,
-                                                                       autojump_clock):
+async def test_refused_noop_control_disables_dead_connection_detection(producer, autojump_clock):
     producer.refuse_controls.add("enable_noop")
     producer.vb(0).add_mutations(3, per_snapshot=3)
     async with make_client(producer, vbuckets=[0], noop_interval=1.0) as c:
@@ -115,8 +115,16 @@ async def test_raw_mode_delivers_events_as_they_arrive(producer):
     async with make_client(producer, vbuckets=[0], raw=True, to_latest=True) as c:
         events = await drain(c)
         kinds = [type(e) for e in events]
-        assert kinds == [RollbackEvent, SnapshotMarker, Mutation, Mutation, SnapshotMarker,
-                         Mutation, Mutation, StreamEnd]
+        assert kinds == [
+            RollbackEvent,
+            SnapshotMarker,
+            Mutation,
+            Mutation,
+            SnapshotMarker,
+            Mutation,
+            Mutation,
+            StreamEnd,
+        ]
         assert await c.commit()  # commits the last complete snapshot delivered
         assert c.committed()[0].seqno == 4
 

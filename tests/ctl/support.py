@@ -18,10 +18,12 @@ from typing import Any
 from dcp.protocol import FrameReader, Opcode, Status, codec
 
 BIN = Path(sys.executable).parent
-DCPCTL = [str(BIN / "dcpctl")] if (BIN / "dcpctl").exists() else [sys.executable, "-m",
-                                                                      "dcp.ctl"]
-SERVER = [str(BIN / "dcp-server")] if (BIN / "dcp-server").exists() else [
-    sys.executable, "-m", "dcp.producer"]
+DCPCTL = [str(BIN / "dcpctl")] if (BIN / "dcpctl").exists() else [sys.executable, "-m", "dcp.ctl"]
+SERVER = (
+    [str(BIN / "dcp-server")]
+    if (BIN / "dcp-server").exists()
+    else [sys.executable, "-m", "dcp.producer"]
+)
 NUM_VBUCKETS = 8
 
 
@@ -45,9 +47,21 @@ class ServerProcess:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")  # the child keeps its own descriptor
         self.proc = subprocess.Popen(
-            [*SERVER, "--port", "0", "--data-dir", str(self.data_dir), "--num-vbuckets",
-             str(NUM_VBUCKETS), "--log-level", "INFO", *self.extra],
-            stdout=subprocess.DEVNULL, stderr=log)
+            [
+                *SERVER,
+                "--port",
+                "0",
+                "--data-dir",
+                str(self.data_dir),
+                "--num-vbuckets",
+                str(NUM_VBUCKETS),
+                "--log-level",
+                "INFO",
+                *self.extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
         log.close()
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -80,12 +94,14 @@ class ServerProcess:
         self.proc = None
 
 
-def ctl(*args: Any, port: int | None = None, timeout: float = 30,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def ctl(
+    *args: Any, port: int | None = None, timeout: float = 30, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run dcpctl as a user would; ``port`` adds ``--port``."""
     argv = [*DCPCTL, *(["--port", str(port)] if port else []), *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def ok(*args: Any, **kw: Any) -> str:
@@ -154,17 +170,35 @@ class Wire:
         return [got[o] for o in ops]
 
     def set_many(self, pairs: list[tuple[bytes, bytes]]) -> list[Any]:
-        frames = self.call_many([
-            (lambda o, k=k, v=v: codec.request(
-                Opcode.SET, vbucket=codec.vbucket_for_key(k, NUM_VBUCKETS), opaque=o,
-                extras=codec.store_extras(0, 0), key=k, value=v)) for k, v in pairs])
+        frames = self.call_many(
+            [
+                (
+                    lambda o, k=k, v=v: codec.request(
+                        Opcode.SET,
+                        vbucket=codec.vbucket_for_key(k, NUM_VBUCKETS),
+                        opaque=o,
+                        extras=codec.store_extras(0, 0),
+                        key=k,
+                        value=v,
+                    )
+                )
+                for k, v in pairs
+            ]
+        )
         assert all(f.status == Status.SUCCESS for f in frames), frames
         return frames
 
     def delete(self, key: bytes) -> None:
-        (f,) = self.call_many([lambda o: codec.request(
-            Opcode.DELETE, vbucket=codec.vbucket_for_key(key, NUM_VBUCKETS), opaque=o,
-            key=key)])
+        (f,) = self.call_many(
+            [
+                lambda o: codec.request(
+                    Opcode.DELETE,
+                    vbucket=codec.vbucket_for_key(key, NUM_VBUCKETS),
+                    opaque=o,
+                    key=key,
+                )
+            ]
+        )
         assert f.status == Status.SUCCESS, f
 
     def request(self, build: Any) -> Any:
@@ -195,8 +229,11 @@ def wait_persisted(port: int, timeout: float = 10) -> None:
 
 def table_rows(text: str) -> list[list[str]]:
     """Body and footer rows of the rich tables in ``text``, as stripped cells."""
-    return [[c.strip() for c in line.strip().strip("│").split("│")]
-            for line in text.splitlines() if line.startswith("│")]
+    return [
+        [c.strip() for c in line.strip().strip("│").split("│")]
+        for line in text.splitlines()
+        if line.startswith("│")
+    ]
 
 
 def table_header(text: str) -> list[str]:

@@ -73,8 +73,10 @@ def test_failover_log_is_newest_first_after_an_unclean_restart(tmp_path: Path) -
         assert [(e["index"], e["seqno"]) for e in entries] == [(0, 3), (1, 0)]
         assert entries[0]["vb_uuid"] != entries[1]["vb_uuid"]
         rows = table_rows(ok("failover-log", "1", port=srv.port))
-        assert rows == [["0", str(entries[0]["vb_uuid"]), "3"],
-                        ["1", str(entries[1]["vb_uuid"]), "0"]]
+        assert rows == [
+            ["0", str(entries[0]["vb_uuid"]), "3"],
+            ["1", str(entries[1]["vb_uuid"]), "0"],
+        ]
         # the persisted log says the same, read offline while the server runs
         assert ok_json("inspect", srv.data_dir, "failover-log", "1")["entries"] == entries
         assert "vbucket 8 does not exist" in fails("failover-log", "8", port=srv.port)
@@ -86,19 +88,24 @@ def _open_slow_stream(port: int, vb: int, name: str) -> Wire:
     """A DCP connection with a 2 KB flow-control window that never acks."""
     w = Wire(port)
     assert w.request(lambda o: codec.dcp_open(name, 1, o)).status == Status.SUCCESS
-    assert w.request(lambda o: codec.dcp_control("connection_buffer_size", "2048", o)
-                     ).status == Status.SUCCESS
-    assert w.request(lambda o: codec.dcp_control("enable_noop", "true", o)
-                     ).status == Status.SUCCESS
-    r = w.request(lambda o: codec.stream_request(vb, o, start=0, end=2**64 - 1, vb_uuid=0,
-                                                 snap_start=0, snap_end=0))
+    assert (
+        w.request(lambda o: codec.dcp_control("connection_buffer_size", "2048", o)).status
+        == Status.SUCCESS
+    )
+    assert w.request(lambda o: codec.dcp_control("enable_noop", "true", o)).status == Status.SUCCESS
+    r = w.request(
+        lambda o: codec.stream_request(
+            vb, o, start=0, end=2**64 - 1, vb_uuid=0, snap_start=0, snap_end=0
+        )
+    )
     assert r.status == Status.SUCCESS, r
     return w
 
 
 def test_checkpoints_show_ranges_cursors_with_lag_and_the_dropped_cursor(tmp_path: Path) -> None:
-    srv = ServerProcess(tmp_path / "data", "--checkpoint-memory-quota", "100000",
-                        "--checkpoint-max-items", "20").start()
+    srv = ServerProcess(
+        tmp_path / "data", "--checkpoint-memory-quota", "100000", "--checkpoint-max-items", "20"
+    ).start()
     slow = _open_slow_stream(srv.port, 3, "slow-reader")
     try:
         keys = keys_for_vb(3, 700)
@@ -125,8 +132,13 @@ def test_checkpoints_show_ranges_cursors_with_lag_and_the_dropped_cursor(tmp_pat
 
         text = ok("checkpoints", "3", port=srv.port)
         assert "vb 3: high seqno 700, persisted 700" in text
-        assert ["persistence", str(cursors["persistence"]["checkpoint_id"]),
-                str(cursors["persistence"]["offset"]), "700", "0"] in table_rows(text)
+        assert [
+            "persistence",
+            str(cursors["persistence"]["checkpoint_id"]),
+            str(cursors["persistence"]["offset"]),
+            "700",
+            "0",
+        ] in table_rows(text)
         assert "dropped cursors (streams that fell back to disk)" in text
         assert any(r[0] == dropped["stream"] and r[2] == "yes" for r in table_rows(text))
         # the same stream from the streams view: its window is full
@@ -204,8 +216,13 @@ def test_an_unreachable_server_is_one_line_and_exit_1(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "data").start()
     port = srv.port
     srv.kill()
-    for cmd in (["vbuckets"], ["checkpoints", "0"], ["streams"], ["tail", "--to-latest"],
-                ["set", "k", "v"]):
+    for cmd in (
+        ["vbuckets"],
+        ["checkpoints", "0"],
+        ["streams"],
+        ["tail", "--to-latest"],
+        ["set", "k", "v"],
+    ):
         line = fails(*cmd, port=port, timeout=20)
         assert f"cannot connect to 127.0.0.1:{port}: connection refused" in line, line
 

@@ -54,15 +54,17 @@ def test_inspect_reads_states_and_counts_while_the_server_runs(server) -> None:
     _populate(server)
     doc = ok_json("inspect", server.data_dir)
     env = doc["data_dir"]
-    assert (env["format"], env["num_vbuckets"], env["clean_shutdown"]) == (
-        FORMAT_VERSION, 8, False)
+    assert (env["format"], env["num_vbuckets"], env["clean_shutdown"]) == (FORMAT_VERSION, 8, False)
     rows = {r["vbucket"]: r for r in doc["vbuckets"]}
     assert sorted(rows) == list(range(8))
     live = ok_json("vbuckets", port=server.port)["vbuckets"]
     for v in live:  # what is persisted matches what the server says it persisted
         r = rows[v["vbucket"]]
         assert (r["state"], r["vb_uuid"], r["high_seqno"]) == (
-            v["state"], v["vb_uuid"], v["persisted_seqno"])
+            v["state"],
+            v["vb_uuid"],
+            v["persisted_seqno"],
+        )
     assert (rows[2]["records"], rows[2]["live_items"], rows[2]["tombstones"]) == (3, 3, 0)
     assert (rows[5]["records"], rows[5]["live_items"], rows[5]["tombstones"]) == (2, 1, 1)
     assert (rows[5]["min_seqno"], rows[5]["max_seqno"], rows[5]["high_seqno"]) == (1, 3, 3)
@@ -74,8 +76,10 @@ def test_inspect_reads_states_and_counts_while_the_server_runs(server) -> None:
     assert [r[0] for r in body] == ["2", "5", "total"]
     assert body[1][3:5] == ["3", "3..3"] and body[1][7:] == ["2", "1", "1", "0", "1..3"]
     assert body[-1][7:11] == ["5", "4", "1", "0"]
-    assert [r["vbucket"] for r in ok_json("inspect", server.data_dir, "vbuckets",
-                                          "--active")["vbuckets"]] == list(range(8))
+    assert [
+        r["vbucket"]
+        for r in ok_json("inspect", server.data_dir, "vbuckets", "--active")["vbuckets"]
+    ] == list(range(8))
 
 
 def test_check_passes_on_a_store_being_written_to(server) -> None:
@@ -104,13 +108,17 @@ def test_dump_shows_a_seqno_range_as_table_and_json_lines(server) -> None:
     d = server.data_dir
     items = [json.loads(line) for line in ok("inspect", d, "dump", "5", "--json").splitlines()]
     assert [(i["seqno"], i["op"], i["key"]) for i in items] == [
-        (1, "mutation", keys["vb5"][0].decode()), (3, "deletion", keys["vb5"][1].decode())]
+        (1, "mutation", keys["vb5"][0].decode()),
+        (3, "deletion", keys["vb5"][1].decode()),
+    ]
     assert items[0]["value_encoding"] == "base64"
     assert base64.b64decode(items[0]["value"]) == b"\x00\xffbin"
     assert items[1]["delete_time"] > 0 and "value" not in items[1]
 
-    ranged = [json.loads(x) for x in ok("inspect", d, "dump", "2", "--from", "2", "--to", "3",
-                                        "--json").splitlines()]
+    ranged = [
+        json.loads(x)
+        for x in ok("inspect", d, "dump", "2", "--from", "2", "--to", "3", "--json").splitlines()
+    ]
     assert [i["seqno"] for i in ranged] == [2, 3]
     assert ranged[0]["value"] == "value-" + keys["vb2"][1].decode()
     limited = ok("inspect", d, "dump", "2", "--limit", "1", "--value-width", "4")
@@ -129,14 +137,17 @@ def test_history_lists_superseded_versions_kept_by_the_window(tmp_path: Path) ->
             wait_persisted(srv.port)
         doc = ok_json("inspect", srv.data_dir, "history", "6")
         assert doc["high_seqno"] == 3
-        assert [(h["seqno"], h["superseded_by"], h["newest_seqno"], h["rev_seqno"])
-                for h in doc["superseded_versions"]] == [(1, 2, 3, 1), (2, 3, 3, 2)]
+        assert [
+            (h["seqno"], h["superseded_by"], h["newest_seqno"], h["rev_seqno"])
+            for h in doc["superseded_versions"]
+        ] == [(1, 2, 3, 1), (2, 3, 3, 2)]
         text = ok("inspect", srv.data_dir, "history", "6")
         assert "2 superseded versions kept" in text
         assert ["1", key.decode(), "mutation", "1", "2", "3"] in table_rows(text)
         report = ok_json("inspect", srv.data_dir, "check")
-        assert report["ok"] and "vb 6: 2 superseded versions kept (history window)" in \
-            report["notes"]
+        assert (
+            report["ok"] and "vb 6: 2 superseded versions kept (history window)" in report["notes"]
+        )
         assert ok_json("inspect", srv.data_dir, "history", "1")["superseded_versions"] == []
     finally:
         srv.kill()
@@ -171,32 +182,40 @@ def test_check_reports_what_is_wrong_and_exits_1(tmp_path: Path) -> None:
     srv.stop()  # clean stop: flushed, marker written
     clean = ok_json("inspect", srv.data_dir, "check")
     assert clean["ok"] and clean["notes"] == [] and clean["records_checked"] == 5
-    assert ok("inspect", srv.data_dir, "check").strip() == \
-        "OK: 8 vbuckets, 5 records, no problems"
+    assert ok("inspect", srv.data_dir, "check").strip() == "OK: 8 vbuckets, 5 records, no problems"
 
     broken = tmp_path / "broken"
     shutil.copytree(srv.data_dir, broken)
     _damage(broken)
     line = fails("inspect", broken, "check")
-    assert line == ("dcpctl: check failed: 3 problems (first: vb 2: records up to seqno 3 on "
-                    "disk, but the persisted high seqno is 1)")
+    assert line == (
+        "dcpctl: check failed: 3 problems (first: vb 2: records up to seqno 3 on "
+        "disk, but the persisted high seqno is 1)"
+    )
     r = ctl("inspect", broken, "check")
     assert table_rows(r.stdout)[1:] == [
         ["5", "record keyed at seqno 1 says it is seqno 42"],
-        ["7", "record at seqno 1 has 5 bytes, shorter than the 47-byte head"]]
+        ["7", "record at seqno 1 has 5 bytes, shorter than the 47-byte head"],
+    ]
     assert fails("inspect", broken, "dump", "7") == (
-        "dcpctl: vbucket 7: record at seqno 1 has 5 bytes, shorter than the 47-byte head")
+        "dcpctl: vbucket 7: record at seqno 1 has 5 bytes, shorter than the 47-byte head"
+    )
     r = ctl("inspect", broken, "check", "--vb", "5", "--json")
     assert r.returncode == 1
     report = json.loads(r.stdout)
     assert not report["ok"] and report["problems"] == [
-        {"vbucket": 5, "problem": "record keyed at seqno 1 says it is seqno 42"}]
+        {"vbucket": 5, "problem": "record keyed at seqno 1 says it is seqno 42"}
+    ]
 
 
 def test_directories_that_are_not_ours_are_one_line_errors(tmp_path: Path) -> None:
     assert fails("inspect", tmp_path / "nope").endswith("no such directory")
-    r = subprocess.run([sys.executable, "-m", "dcp.ctl", "inspect", str(tmp_path / "nope")],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "dcp.ctl", "inspect", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert (r.returncode, r.stderr) == (1, f"dcpctl: {tmp_path / 'nope'}: no such directory\n")
     (tmp_path / "file").write_text("x")
     assert "not a directory" in fails("inspect", tmp_path / "file")
@@ -224,13 +243,15 @@ def test_a_newer_format_is_refused(tmp_path: Path) -> None:
         txn.put(b"format", b"99", db=env.open_db(b"meta", txn=txn))
     env.close()
     assert f"format b'99'; this dcpctl reads format {FORMAT_VERSION}" in fails(
-        "inspect", srv.data_dir)
+        "inspect", srv.data_dir
+    )
     env = lmdb.open(str(srv.data_dir), max_dbs=16)
     with env.begin(write=True) as txn:
         txn.put(b"format", b"1", db=env.open_db(b"meta", txn=txn))
     env.close()
     assert "(records without checksums); start the server on it once" in fails(
-        "inspect", srv.data_dir)
+        "inspect", srv.data_dir
+    )
 
 
 def test_progress_bar_only_on_a_terminal(server) -> None:
@@ -239,9 +260,12 @@ def test_progress_bar_only_on_a_terminal(server) -> None:
     piped = ok("inspect", server.data_dir, "dump", "0")
     assert "\x1b[" not in piped  # no bar, no colours
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([*DCPCTL, "inspect", str(server.data_dir), "dump", "0"],
-                            stdout=follower, stderr=subprocess.PIPE, env={
-                                **os.environ, "COLUMNS": "120", "TERM": "xterm"})
+    proc = subprocess.Popen(
+        [*DCPCTL, "inspect", str(server.data_dir), "dump", "0"],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+    )
     os.close(follower)
     chunks = []
     while True:
@@ -282,9 +306,11 @@ def test_check_finds_a_flipped_value_byte_naming_vbucket_key_and_seqno(tmp_path:
     srv.stop()
     assert _flip_on_disk(srv.data_dir / "data.mdb", b"FLIPME", 50) >= 1
     line = fails("inspect", srv.data_dir, "check")
-    assert line == (f"dcpctl: check failed: 1 problems (first: vb 3: record at seqno 1 (key "
-                    f"{key!r}) fails its checksum: its bytes changed on disk after they were "
-                    "written)")
+    assert line == (
+        f"dcpctl: check failed: 1 problems (first: vb 3: record at seqno 1 (key "
+        f"{key!r}) fails its checksum: its bytes changed on disk after they were "
+        "written)"
+    )
     report = json.loads(ctl("inspect", srv.data_dir, "check", "--json").stdout)
     assert [p["vbucket"] for p in report["problems"]] == [3]
     assert ok_json("inspect", srv.data_dir, "check", "--vb", "4")["ok"]  # the rest is fine
@@ -301,5 +327,7 @@ def test_a_truncated_data_file_is_a_one_line_error_not_a_crash(tmp_path: Path) -
     size = data.stat().st_size
     os.truncate(data, size // 2)
     line = fails("inspect", srv.data_dir, "check")
-    assert line.startswith(f"dcpctl: {srv.data_dir}: data.mdb is truncated: {size // 2} "
-                           "bytes, but its LMDB meta page says ")
+    assert line.startswith(
+        f"dcpctl: {srv.data_dir}: data.mdb is truncated: {size // 2} "
+        "bytes, but its LMDB meta page says "
+    )

@@ -51,8 +51,9 @@ def small_config(**kw: object) -> EngineConfig:
 
 
 @pytest.fixture
-def open_bucket(tmp_path: Path, clock: FakeClock, uuids: UuidSource
-                ) -> Iterator[Callable[..., Bucket]]:
+def open_bucket(
+    tmp_path: Path, clock: FakeClock, uuids: UuidSource
+) -> Iterator[Callable[..., Bucket]]:
     """``open_bucket(**config)`` opens (or reopens) the bucket in one data dir."""
     opened: list[Bucket] = []
 

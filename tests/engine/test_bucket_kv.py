@@ -116,15 +116,19 @@ def test_out_of_range_or_inactive_vbucket_is_not_my_vbucket(bucket: Bucket) -> N
     with pytest.raises(NotMyVbucket):
         bucket.vbucket(-1)
     bucket.vbucket(1).set_state(VBucketState.REPLICA)
-    for op in (lambda: bucket.set(1, b"k", b"v"), lambda: bucket.get(1, b"k"),
-               lambda: bucket.delete(1, b"k")):
+    for op in (
+        lambda: bucket.set(1, b"k", b"v"),
+        lambda: bucket.get(1, b"k"),
+        lambda: bucket.delete(1, b"k"),
+    ):
         with pytest.raises(NotMyVbucket) as ei:
             op()
         assert ei.value.status == Status.NOT_MY_VBUCKET
 
 
-def test_relative_expiry_hides_item_and_expiry_pass_makes_an_expiration(bucket: Bucket,
-                                                                        clock) -> None:
+def test_relative_expiry_hides_item_and_expiry_pass_makes_an_expiration(
+    bucket: Bucket, clock
+) -> None:
     bucket.set(0, b"t", b"v", expiry=10)
     bucket.set(0, b"keep", b"v")
     assert bucket.get(0, b"t").expiry == int(clock.now) + 10
@@ -137,8 +141,7 @@ def test_relative_expiry_hides_item_and_expiry_pass_makes_an_expiration(bucket: 
     mgr = bucket.vbucket(0).checkpoints
     snaps = mgr.take(mgr.register_cursor("s", 2).cursor, 10)
     (it,) = snaps[0].items
-    assert (it.seqno, it.op, it.key, it.delete_time) == (3, ItemOp.EXPIRATION, b"t",
-                                                         int(clock.now))
+    assert (it.seqno, it.op, it.key, it.delete_time) == (3, ItemOp.EXPIRATION, b"t", int(clock.now))
     bucket.add(0, b"t", b"again")  # an expired key is absent for add
 
 
@@ -185,8 +188,12 @@ def test_stats_seqno_keys(bucket: Bucket) -> None:
     st = bucket.vbucket(0).stats_seqno()
     assert st["high_seqno"] == 1 and st["last_persisted_seqno"] == 0
     assert st["vb_uuid"] == bucket.vbucket(0).uuid
-    assert {"abs_high_seqno", "purge_seqno", "last_persisted_snap_start",
-            "last_persisted_snap_end"} <= set(st)
+    assert {
+        "abs_high_seqno",
+        "purge_seqno",
+        "last_persisted_snap_start",
+        "last_persisted_snap_end",
+    } <= set(st)
 
 
 def test_get_reads_values_from_disk_once_memory_is_freed(bucket: Bucket) -> None:

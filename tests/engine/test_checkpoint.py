@@ -34,11 +34,13 @@ class Seq:
         return out
 
 
-def manager(max_items: int = 100, max_bytes: int = 1 << 30, quota: int = 1 << 30,
-            start_seqno: int = 1) -> tuple[CheckpointManager, CheckpointMemory]:
+def manager(
+    max_items: int = 100, max_bytes: int = 1 << 30, quota: int = 1 << 30, start_seqno: int = 1
+) -> tuple[CheckpointManager, CheckpointMemory]:
     mem = CheckpointMemory(quota)
-    return CheckpointManager(0, mem, start_seqno=start_seqno, max_items=max_items,
-                             max_bytes=max_bytes), mem
+    return CheckpointManager(
+        0, mem, start_seqno=start_seqno, max_items=max_items, max_bytes=max_bytes
+    ), mem
 
 
 def flat(snaps: list[Snapshot]) -> list[tuple[int, bytes]]:
@@ -277,7 +279,7 @@ def test_droppable_cursors_are_only_those_behind_persistence() -> None:
     seq.put(b"a", b"b", b"c", b"d", b"e")
     assert mgr.droppable_cursors() == []  # persistence is as far behind
     mgr.take(mgr.persistence_cursor, 100)
-    (pinned, cursor), = mgr.droppable_cursors()
+    ((pinned, cursor),) = mgr.droppable_cursors()
     assert cursor is slow and pinned > 0
     freed = mgr.drop_cursor(slow)
     assert freed == pinned
@@ -382,4 +384,3 @@ def test_a_checkpoint_closed_while_its_flush_was_in_flight_is_freed_when_it_comp
     assert len(mgr.checkpoints) == 1 and mem.used == 0
     seq.put(b"c")
     assert flat(mgr.take(p, 100)) == [(3, b"c")]
-

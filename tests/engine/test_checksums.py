@@ -74,7 +74,8 @@ def _reopened_with_damage(open_bucket: Callable[..., Bucket], at: int) -> Bucket
 
 
 def test_a_flipped_value_byte_fails_the_get_with_einternal_and_a_log_line(
-        open_bucket: Callable[..., Bucket], caplog: pytest.LogCaptureFixture) -> None:
+    open_bucket: Callable[..., Bucket], caplog: pytest.LogCaptureFixture
+) -> None:
     b = _reopened_with_damage(open_bucket, -CRC_SIZE - 10)  # inside the value
     with caplog.at_level(logging.ERROR, logger="dcp.storage"):
         with pytest.raises(ChecksumError) as ei:
@@ -83,22 +84,26 @@ def test_a_flipped_value_byte_fails_the_get_with_einternal_and_a_log_line(
     assert (ei.value.vbucket, ei.value.seqno, ei.value.key) == (1, 2, b"bad")
     assert [r.getMessage() for r in caplog.records] == [
         "checksum mismatch in the stored record of vb 1 seqno 2 key b'bad': the data file "
-        "is damaged there (dcpctl inspect DATA_DIR check lists every damaged record)"]
+        "is damaged there (dcpctl inspect DATA_DIR check lists every damaged record)"
+    ]
     assert b.get(1, b"good").value == b"g" * 100  # the rest is served
     assert b.get(2, b"other").value == b"o" * 100
 
 
-@pytest.mark.parametrize("at", [0, 12, ITEM_RECORD.size - 1, -1],
-                         ids=["op", "delete-time", "extras", "trailer"])
-def test_a_flip_anywhere_in_the_record_is_caught(open_bucket: Callable[..., Bucket],
-                                                 at: int) -> None:
+@pytest.mark.parametrize(
+    "at", [0, 12, ITEM_RECORD.size - 1, -1], ids=["op", "delete-time", "extras", "trailer"]
+)
+def test_a_flip_anywhere_in_the_record_is_caught(
+    open_bucket: Callable[..., Bucket], at: int
+) -> None:
     b = _reopened_with_damage(open_bucket, at)
     with pytest.raises(ChecksumError):
         b.storage.get(1, 2)
 
 
 def test_backfill_stops_at_a_damaged_record_and_returns_none_of_its_bytes(
-        open_bucket: Callable[..., Bucket]) -> None:
+    open_bucket: Callable[..., Bucket],
+) -> None:
     b = _reopened_with_damage(open_bucket, -CRC_SIZE - 10)
     st = b.storage
     with st.open_backfill(1, 0) as scan:  # the ready-frame path of DCP streams
@@ -122,13 +127,17 @@ def test_backfill_frames_carry_the_body_without_the_trailer(bucket: Bucket) -> N
     with bucket.storage.open_backfill(3, 0) as scan:
         chunk = scan.read_frames(10, 2**64 - 1, 7)
     (run,) = chunk.segments
-    frame = bytes(run.wire[:run.end])  # type: ignore[union-attr]
+    frame = bytes(run.wire[: run.end])  # type: ignore[union-attr]
     assert int.from_bytes(frame[8:12], "big") == len(frame) - 24  # body length
     assert frame.endswith(b"k" + b"value")
 
 
-def _write_format_1(data: Path, num_vbuckets: int, items: list[tuple[int, int, bytes]],
-                    open_bucket: Callable[..., Bucket]) -> None:
+def _write_format_1(
+    data: Path,
+    num_vbuckets: int,
+    items: list[tuple[int, int, bytes]],
+    open_bucket: Callable[..., Bucket],
+) -> None:
     """A store as the engine wrote it before checksums: records without the trailer and
     ``format`` 1 in the meta DB."""
     b = open_bucket(num_vbuckets=num_vbuckets)
@@ -146,8 +155,9 @@ def _write_format_1(data: Path, num_vbuckets: int, items: list[tuple[int, int, b
     env.close()
 
 
-def test_a_format_1_store_gets_checksums_at_open(tmp_path: Path,
-                                                 open_bucket: Callable[..., Bucket]) -> None:
+def test_a_format_1_store_gets_checksums_at_open(
+    tmp_path: Path, open_bucket: Callable[..., Bucket]
+) -> None:
     items = [(0, 1, b"a"), (0, 2, b"b"), (3, 1, b"c")]
     _write_format_1(tmp_path / "data", 4, items, open_bucket)
     b = open_bucket()
@@ -167,8 +177,10 @@ def test_only_a_full_map_is_storage_full_a_full_disk_is_not() -> None:
     not have (the final flush grew toward 2 TiB)."""
     full_map = _wrap(lmdb.MapFullError("mdb_txn_commit: MDB_MAP_FULL"), "flush aborted")
     assert isinstance(full_map, StorageFullError)
-    for exc in (lmdb.DiskError("mdb_txn_commit: No space left on device"),
-                lmdb.Error("mdb_txn_commit: No space left on device")):
+    for exc in (
+        lmdb.DiskError("mdb_txn_commit: No space left on device"),
+        lmdb.Error("mdb_txn_commit: No space left on device"),
+    ):
         err = _wrap(exc, "flush aborted")
         assert isinstance(err, DiskFullError) and not isinstance(err, StorageFullError)
     eio = _wrap(lmdb.Error("mdb_txn_commit: Input/output error"), "flush aborted")

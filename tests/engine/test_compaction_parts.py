@@ -27,8 +27,7 @@ def test_the_compactor_plans_from_config_and_clock_alone(clock) -> None:
     assert (off.vbuckets, off.history_cutoff_cas, off.history_bytes_per_vb) == ([2], 0, 0)
 
 
-def test_disk_index_merge_never_lowers_compactions_seqnos_nor_changes_the_callers_record(
-        ) -> None:
+def test_disk_index_merge_never_lowers_compactions_seqnos_nor_changes_the_callers_record() -> None:
     d = DiskIndex(2)
     d.compacted(VBucketCompaction(1, [], purge_seqno=7, pruned=0, history_start=3))
     rec = VBStateRecord(1, [(5, 0)], 10, 0, 10, purge_seqno=2, history_start=5)
@@ -47,7 +46,8 @@ def test_disk_index_forgets_a_purged_key_only_if_no_newer_version_was_stored() -
 
 
 def test_an_aborted_compaction_changes_neither_disk_nor_bookkeeping(
-        open_bucket, clock, monkeypatch) -> None:
+    open_bucket, clock, monkeypatch
+) -> None:
     b = open_bucket(tombstone_purge_age=10.0)
     b.set(0, b"a", b"1")
     b.delete(0, b"a")  # seqno 2

@@ -66,8 +66,9 @@ def replay(vb: int, upto: int) -> dict[bytes, bytes]:
 
 def run_child(data: Path, mode: str, lines_before_kill: int) -> list[list[str]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(data), mode],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(data), mode], stdout=subprocess.PIPE, text=True, env=env
+    )
     seen = []
     try:
         assert proc.stdout is not None
@@ -104,12 +105,17 @@ def check_consistent(b: Bucket, acked: list[int]) -> None:
 
 
 def reopen(data: Path) -> Bucket:
-    return Bucket.open(data, small_config(map_size=256 << 20, checkpoint_max_items=97),
-                       clock=FakeClock(), uuid_source=UuidSource())
+    return Bucket.open(
+        data,
+        small_config(map_size=256 << 20, checkpoint_max_items=97),
+        clock=FakeClock(),
+        uuid_source=UuidSource(),
+    )
 
 
 def test_kill_inside_the_flush_transaction_loses_only_the_unacknowledged_batch(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     data = tmp_path / "data"
     lines = run_child(data, "hook", 2)
     assert lines[1] == ["in-txn"]

@@ -43,7 +43,7 @@ def test_the_manager_alone_moves_cursors_and_keeps_their_counts_right() -> None:
             name = rng.choice(names)
             start = max(mgr.memory_start_seqno - 1, seq.next - 1 - rng.randrange(50))
             reg = mgr.register_cursor(name, start)  # (re-registering may free memory:
-            live[name] = reg.cursor                 # then it is a backfill, reads go on)
+            live[name] = reg.cursor  # then it is a backfill, reads go on)
             last[name] = start
         elif r < 0.95 and live:
             name = rng.choice(sorted(live))

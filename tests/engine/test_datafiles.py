@@ -28,8 +28,9 @@ def _store(open_bucket: Callable[..., Bucket], data: Path) -> None:
     assert (data / MARKER).exists()
 
 
-def test_a_new_directory_and_an_intact_store_pass(tmp_path: Path,
-                                                  open_bucket: Callable[..., Bucket]) -> None:
+def test_a_new_directory_and_an_intact_store_pass(
+    tmp_path: Path, open_bucket: Callable[..., Bucket]
+) -> None:
     check_data_files(tmp_path / "nothing-yet")
     data = tmp_path / "data"
     _store(open_bucket, data)
@@ -41,14 +42,19 @@ def test_a_new_directory_and_an_intact_store_pass(tmp_path: Path,
     assert (data / "data.mdb").exists()
 
 
-@pytest.mark.parametrize("damage, says", [
-    (lambda f: os.truncate(f, f.stat().st_size - 4096), "is truncated"),
-    (lambda f: os.truncate(f, 0), "is empty (0 bytes), but"),
-    (lambda f: f.unlink(), "is missing, but"),
-    (lambda f: f.write_bytes(b"\0" * 65536), "has no valid LMDB meta page"),
-], ids=["truncated", "emptied", "deleted", "zeroed"])
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda f: os.truncate(f, f.stat().st_size - 4096), "is truncated"),
+        (lambda f: os.truncate(f, 0), "is empty (0 bytes), but"),
+        (lambda f: f.unlink(), "is missing, but"),
+        (lambda f: f.write_bytes(b"\0" * 65536), "has no valid LMDB meta page"),
+    ],
+    ids=["truncated", "emptied", "deleted", "zeroed"],
+)
 def test_damage_is_refused_before_lmdb_maps_the_file(
-        tmp_path: Path, open_bucket: Callable[..., Bucket], damage, says: str) -> None:
+    tmp_path: Path, open_bucket: Callable[..., Bucket], damage, says: str
+) -> None:
     data = tmp_path / "data"
     _store(open_bucket, data)
     damage(data / "data.mdb")
@@ -68,19 +74,24 @@ def test_damage_is_refused_before_lmdb_maps_the_file(
 
 
 def test_a_store_from_before_the_marker_is_protected_by_its_lock_file(
-        tmp_path: Path, open_bucket: Callable[..., Bucket]) -> None:
+    tmp_path: Path, open_bucket: Callable[..., Bucket]
+) -> None:
     data = tmp_path / "data"
     _store(open_bucket, data)
     (data / MARKER).unlink()  # as written by a version without the marker
     check_data_files(data)
     (data / "data.mdb").unlink()
-    with pytest.raises(DataDirError, match=r"is missing, but .*lock\.mdb shows an LMDB "
-                                           "environment was created here"):
+    with pytest.raises(
+        DataDirError,
+        match=r"is missing, but .*lock\.mdb shows an LMDB "
+        "environment was created here",
+    ):
         check_data_files(data)
 
 
 def test_the_marker_is_written_at_the_first_open_of_an_old_store(
-        tmp_path: Path, open_bucket: Callable[..., Bucket]) -> None:
+    tmp_path: Path, open_bucket: Callable[..., Bucket]
+) -> None:
     data = tmp_path / "data"
     _store(open_bucket, data)
     (data / MARKER).unlink()

@@ -28,8 +28,11 @@ def test_no_engine_module_imports_inside_a_function() -> None:
     for name, tree in _modules().items():
         for fn in ast.walk(tree):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lazy.extend(f"{name}:{n.lineno}" for n in ast.walk(fn)
-                            if isinstance(n, (ast.Import, ast.ImportFrom)))
+                lazy.extend(
+                    f"{name}:{n.lineno}"
+                    for n in ast.walk(fn)
+                    if isinstance(n, (ast.Import, ast.ImportFrom))
+                )
     assert not lazy
 
 
@@ -42,7 +45,10 @@ def test_storage_and_compaction_do_not_import_each_other() -> None:
 
 def test_no_engine_module_spells_the_wire_header_layout() -> None:
     header = HEADER.format.lstrip(">!")
-    spelled = [f"{name}:{n.lineno}" for name, tree in _modules().items() for n in ast.walk(tree)
-               if isinstance(n, ast.Constant) and isinstance(n.value, str)
-               and header in n.value]
+    spelled = [
+        f"{name}:{n.lineno}"
+        for name, tree in _modules().items()
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and header in n.value
+    ]
     assert not spelled

@@ -37,8 +37,7 @@ def test_collect_groups_items_by_vbucket_and_does_not_move_the_cursor(bucket: Bu
     f = bucket.flusher
     batch = f.collect()
     assert isinstance(batch, FlushBatch) and batch.num_items == 3
-    assert [(v.vbid, [i.seqno for i in v.items]) for v in batch.vbuckets] == [(0, [1]),
-                                                                              (2, [1, 2])]
+    assert [(v.vbid, [i.seqno for i in v.items]) for v in batch.vbuckets] == [(0, [1]), (2, [1, 2])]
     with pytest.raises(RuntimeError):
         f.collect()
     assert bucket.vbucket(2).persisted_seqno == 0
@@ -292,8 +291,18 @@ def test_read_frames_gives_the_exact_wire_frames_of_stored_mutations(bucket: Buc
     assert (chunk.count, chunk.first, chunk.last, chunk.beyond) == (6, 1, 7, 0)
     for seqno, frame in zip(want_seqnos[:-1], got[:-1], strict=True):
         i = seqno - 1
-        assert frame == mutation(3, 0xABCD, seqno, 1, b"k%d" % i, b"value-%d" % i,
-                                 cas=res[i].cas, datatype=1, flags=i, expiry=0)
+        assert frame == mutation(
+            3,
+            0xABCD,
+            seqno,
+            1,
+            b"k%d" % i,
+            b"value-%d" % i,
+            cas=res[i].cas,
+            datatype=1,
+            flags=i,
+            expiry=0,
+        )
     tomb = got[-1]
     assert (tomb.op, tomb.key, tomb.seqno) == (ItemOp.DELETION, b"k2", 7)
     assert chunk.nbytes >= sum(len(f) for f in got[:-1])

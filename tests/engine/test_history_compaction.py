@@ -92,10 +92,18 @@ def test_old_tombstones_are_purged_raising_purge_seqno(open_bucket, clock) -> No
     assert versions(b, 0)[0] == [(4, b"b")]
     # a client resuming below the purge seqno must roll back to 0
     d = decide_stream_request(
-        failover_log=vb.failover_log.entries, high_seqno=vb.high_seqno,
-        purge_seqno=vb.purge_seqno, persisted_seqno=vb.persisted_seqno,
-        vb_state=VBucketState.ACTIVE, start=2, end=SEQNO_MAX, vb_uuid=vb.uuid, snap_start=2,
-        snap_end=2, flags=0)
+        failover_log=vb.failover_log.entries,
+        high_seqno=vb.high_seqno,
+        purge_seqno=vb.purge_seqno,
+        persisted_seqno=vb.persisted_seqno,
+        vb_state=VBucketState.ACTIVE,
+        start=2,
+        end=SEQNO_MAX,
+        vb_uuid=vb.uuid,
+        snap_start=2,
+        snap_end=2,
+        flags=0,
+    )
     assert (d.kind, d.rollback_seqno) == (DecisionKind.ROLLBACK, 0)
     # the purge seqno is persisted and survives a restart
     b.close()
@@ -107,7 +115,8 @@ def test_old_tombstones_are_purged_raising_purge_seqno(open_bucket, clock) -> No
 
 
 def test_purge_seqno_is_not_lowered_by_a_flush_collected_before_compaction(
-        open_bucket, clock) -> None:
+    open_bucket, clock
+) -> None:
     b = open_bucket(tombstone_purge_age=10.0)
     b.set(0, b"a", b"1")
     b.delete(0, b"a")
@@ -123,8 +132,7 @@ def test_purge_seqno_is_not_lowered_by_a_flush_collected_before_compaction(
     assert open_bucket(tombstone_purge_age=10.0).vbucket(0).purge_seqno == 2
 
 
-def test_purging_a_tombstone_under_history_takes_its_old_versions_too(open_bucket,
-                                                                     clock) -> None:
+def test_purging_a_tombstone_under_history_takes_its_old_versions_too(open_bucket, clock) -> None:
     b = open_bucket(history_seconds=1e6, tombstone_purge_age=10.0)
     b.set(0, b"a", b"1")
     b.vbucket(0).checkpoints.create_checkpoint()

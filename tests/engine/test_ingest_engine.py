@@ -35,16 +35,20 @@ def test_store_set_matches_store(bucket: Bucket, clock) -> None:
     assert vb.key_meta(b"k3")[4] == int(now) + 60  # relative expiry made absolute
     assert vb.get(b"k1").value == b"again"
     mgr = vb.checkpoints
-    assert [it.seqno for s in mgr.peek(mgr.persistence_cursor, 100)[0]
-            for it in s.items] == [1, 3, 4, 5, 6]  # k1's first version deduplicated
+    assert [it.seqno for s in mgr.peek(mgr.persistence_cursor, 100)[0] for it in s.items] == [
+        1,
+        3,
+        4,
+        5,
+        6,
+    ]  # k1's first version deduplicated
     bucket.flusher.flush_all()
     assert stored(bucket, 2) == stored(bucket, 1)
 
 
 def test_store_set_leaves_errors_to_store(bucket: Bucket, clock) -> None:
     vb = bucket.vbucket(0)
-    assert vb.store_set(b"k", b"x" * (bucket.config.max_value_size + 1), 0, 0, 0,
-                        clock()) is None
+    assert vb.store_set(b"k", b"x" * (bucket.config.max_value_size + 1), 0, 0, 0, clock()) is None
     vb.set_state(VBucketState.REPLICA)
     assert vb.store_set(b"k", b"v", 0, 0, 0, clock()) is None
     assert vb.high_seqno == 0 and vb.key_meta(b"k") is None
@@ -73,13 +77,13 @@ def test_write_batch_records_are_the_format_of_records_py(bucket: Bucket) -> Non
     with bucket.storage.env.begin() as txn:
         for it in items:
             if it.key == b"a" or it.op != ItemOp.MUTATION:
-                assert txn.get(item_key(0, it.seqno),
-                               db=bucket.storage.item_db(0)) == encode_item(it)
+                assert txn.get(item_key(0, it.seqno), db=bucket.storage.item_db(0)) == encode_item(
+                    it
+                )
 
 
 @pytest.mark.parametrize("history", [False, True])
-def test_overwrites_keep_only_the_newest_version_unless_history(open_bucket,
-                                                                history: bool) -> None:
+def test_overwrites_keep_only_the_newest_version_unless_history(open_bucket, history: bool) -> None:
     bucket = open_bucket(history_seconds=3600.0 if history else 0.0)
     for rnd in range(3):
         for i in range(20):

@@ -31,8 +31,12 @@ OPS = st.lists(
 def test_stream_converges_to_bucket_state(ops, quota) -> None:
     uuid = itertools.count(1)
     with tempfile.TemporaryDirectory() as d:
-        b = Bucket.open(d, small_config(checkpoint_max_items=3, checkpoint_memory_quota=quota),
-                        clock=FakeClock(), uuid_source=lambda: next(uuid))
+        b = Bucket.open(
+            d,
+            small_config(checkpoint_max_items=3, checkpoint_memory_quota=quota),
+            clock=FakeClock(),
+            uuid_source=lambda: next(uuid),
+        )
         try:
             seen: dict[bytes, bytes | None] = {}
             state: dict[bytes, bytes | None] = {}
@@ -64,8 +68,9 @@ def test_stream_converges_to_bucket_state(ops, quota) -> None:
                     apply(it for it in snap.items if it.seqno > skip)
                     if snap.end > skip:
                         # at a snapshot end the stream's view is a real past state
-                        assert {k: v for k, v in seen.items() if v is not None} == \
-                            {k: v for k, v in history[snap.end].items() if v is not None}
+                        assert {k: v for k, v in seen.items() if v is not None} == {
+                            k: v for k, v in history[snap.end].items() if v is not None
+                        }
 
             history: dict[int, dict[bytes, bytes | None]] = {0: {}}
             for i, (op, k) in enumerate(ops):

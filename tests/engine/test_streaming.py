@@ -61,8 +61,7 @@ def test_stream_from_zero_after_memory_was_freed_gets_every_key(open_bucket) -> 
     assert seqnos == sorted(seqnos) and len(set(seqnos)) == len(seqnos)
 
 
-def test_slow_cursor_is_dropped_over_quota_and_resumes_from_disk_without_gap(
-        open_bucket) -> None:
+def test_slow_cursor_is_dropped_over_quota_and_resumes_from_disk_without_gap(open_bucket) -> None:
     b = open_bucket(checkpoint_max_items=20, checkpoint_memory_quota=40_000)
     woken: list[int] = []
     b.add_listener(woken.append)
@@ -123,7 +122,8 @@ def test_persisted_open_checkpoints_are_closed_and_freed_under_pressure(open_buc
 
 
 def test_with_retention_pressure_frees_what_it_closes_before_dropping_any_cursor(
-        open_bucket, clock) -> None:
+    open_bucket, clock
+) -> None:
     """Retained checkpoints are the first thing memory pressure takes, including the
     persisted open checkpoints it closes itself; a slow stream keeps its cursor when that
     is enough."""

@@ -100,8 +100,7 @@ def test_unclean_warmup_prunes_entries_above_and_caps_at_max(open_bucket, uuids)
     assert entries[1:] == [(0xF2, 1), (0xF1, 0)]
 
 
-def test_warmup_rebuilds_disk_index_so_superseded_versions_still_get_deleted(
-        open_bucket) -> None:
+def test_warmup_rebuilds_disk_index_so_superseded_versions_still_get_deleted(open_bucket) -> None:
     b = open_bucket()
     b.set(0, b"a", b"1")
     b.flusher.flush_all()
@@ -121,7 +120,8 @@ def test_incompatible_data_dir_is_refused(open_bucket) -> None:
 
 
 def test_warm_up_reads_storage_and_config_alone_and_clears_the_clean_marker(
-        open_bucket, tmp_path, uuids) -> None:
+    open_bucket, tmp_path, uuids
+) -> None:
     b = open_bucket()
     b.set(1, b"a", b"1", expiry=2_000_000_000)
     b.set(1, b"b", b"2")
@@ -130,8 +130,7 @@ def test_warm_up_reads_storage_and_config_alone_and_clears_the_clean_marker(
     b.flusher.flush_all()
     b.close()
     cfg = small_config()
-    storage = LmdbStorage(tmp_path / "data", num_vbuckets=4, map_size=cfg.map_size,
-                          sync=False)
+    storage = LmdbStorage(tmp_path / "data", num_vbuckets=4, map_size=cfg.map_size, sync=False)
     try:
         assert storage.clean_shutdown
         w = warm_up(storage, cfg, uuids)

@@ -14,8 +14,9 @@ from .wire import WireClient
 
 @contextlib.asynccontextmanager
 async def running_server(data_dir: Path, **overrides: Any) -> AsyncIterator[DcpServer]:
-    cfg = ServerConfig(port=0, data_dir=str(data_dir), num_vbuckets=overrides.pop(
-        "num_vbuckets", 4), **overrides)
+    cfg = ServerConfig(
+        port=0, data_dir=str(data_dir), num_vbuckets=overrides.pop("num_vbuckets", 4), **overrides
+    )
     async with DcpServer(cfg) as server:
         yield server
 

@@ -16,8 +16,11 @@ import trio
 from dcp.protocol import Opcode, codec
 
 _BIN = Path(sys.executable).parent
-SERVER = [str(_BIN / "dcp-server")] if (_BIN / "dcp-server").exists() else [
-    sys.executable, "-m", "dcp.producer"]
+SERVER = (
+    [str(_BIN / "dcp-server")]
+    if (_BIN / "dcp-server").exists()
+    else [sys.executable, "-m", "dcp.producer"]
+)
 
 
 class ServerProcess:
@@ -37,8 +40,20 @@ class ServerProcess:
         async tests, whose event loop must keep running meanwhile)."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [*SERVER, "--port", "0", "--data-dir", str(self.data_dir), "--num-vbuckets",
-                 "8", *self.extra], stdout=subprocess.DEVNULL, stderr=log, **self.popen)
+                [
+                    *SERVER,
+                    "--port",
+                    "0",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--num-vbuckets",
+                    "8",
+                    *self.extra,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                **self.popen,
+            )
         deadline = trio.current_time() + 20
         while trio.current_time() < deadline:
             m = re.search(r"listening host=\S+ port=(\d+)", self.log())
@@ -91,13 +106,13 @@ def rss_bytes(pid: int) -> int:
 
 def gets(key: bytes, vb: int, n: int, first_opaque: int = 1) -> bytes:
     """``n`` GETs of ``key`` in one buffer (one write)."""
-    return b"".join(codec.request(Opcode.GET, vbucket=vb, opaque=first_opaque + i, key=key)
-                    for i in range(n))
+    return b"".join(
+        codec.request(Opcode.GET, vbucket=vb, opaque=first_opaque + i, key=key) for i in range(n)
+    )
 
 
 def stats(group: str, n: int) -> bytes:
-    return b"".join(codec.request(Opcode.STAT, opaque=i + 1, key=group.encode())
-                    for i in range(n))
+    return b"".join(codec.request(Opcode.STAT, opaque=i + 1, key=group.encode()) for i in range(n))
 
 
 async def read_answers(stream: trio.SocketStream, count: int) -> list[tuple[int, int, int]]:
@@ -119,7 +134,7 @@ async def read_answers(stream: trio.SocketStream, count: int) -> list[tuple[int,
             body = codec.U32.unpack_from(buf, 8)[0]
             out.append((buf[1], codec.U16.unpack_from(buf, 6)[0], body))
             if len(buf) >= 24 + body:
-                del buf[:24 + body]
+                del buf[: 24 + body]
             else:
                 skip = 24 + body - len(buf)
                 buf.clear()

@@ -21,8 +21,9 @@ SERVER = [sys.executable, "-m", "dcp.producer"]
 def test_settings_precedence_is_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
     import argparse
 
-    (tmp_path / "s.toml").write_text('[server]\nport = 1111\nnum_vbuckets = 64\n'
-                                     'log_level = "DEBUG"\n')
+    (tmp_path / "s.toml").write_text(
+        '[server]\nport = 1111\nnum_vbuckets = 64\nlog_level = "DEBUG"\n'
+    )
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--config", str(tmp_path / "s.toml"), "--port", "3333"])
@@ -31,13 +32,16 @@ def test_settings_precedence_is_flag_over_env_over_file_over_default(tmp_path: P
     assert cfg.data_dir == ServerConfig().data_dir
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"DCP_NUM_VBUCKETS": "1000"}, "power of two"),
-    ({"DCP_PORT": "70000"}, "port"),
-    ({"DCP_CHECKPOINT_MEMORY_QUOTA": "abc"}, "checkpoint_memory_quota"),
-    ({"DCP_LOG_LEVEL": "LOUD"}, "log_level"),
-    ({"DCP_GIL_SWITCH_INTERVAL": "0"}, "gil_switch_interval"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"DCP_NUM_VBUCKETS": "1000"}, "power of two"),
+        ({"DCP_PORT": "70000"}, "port"),
+        ({"DCP_CHECKPOINT_MEMORY_QUOTA": "abc"}, "checkpoint_memory_quota"),
+        ({"DCP_LOG_LEVEL": "LOUD"}, "log_level"),
+        ({"DCP_GIL_SWITCH_INTERVAL": "0"}, "gil_switch_interval"),
+    ],
+)
 def test_bad_settings_are_refused_with_a_message_naming_them(bad, message) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, environ=bad)
@@ -54,9 +58,11 @@ def test_unknown_key_in_config_file_is_refused(tmp_path: Path) -> None:
 
 
 def _start(data: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    p = subprocess.Popen([*SERVER, "--port", "0", "--data-dir", str(data),
-                          "--num-vbuckets", "4", *extra],
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [*SERVER, "--port", "0", "--data-dir", str(data), "--num-vbuckets", "4", *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     assert p.stderr is not None
     for line in p.stderr:
@@ -79,8 +85,12 @@ def _roundtrip(port: int, frame: bytes) -> bytes:
 
 
 def test_bad_flag_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
-    r = subprocess.run([*SERVER, "--num-vbuckets", "3", "--data-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [*SERVER, "--num-vbuckets", "3", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     assert "num_vbuckets" in r.stderr and "Traceback" not in r.stderr
 
@@ -90,8 +100,12 @@ def test_sigterm_stops_cleanly_and_a_restart_adds_no_failover_entry(tmp_path: Pa
     key = next(k for k in (b"k%d" % i for i in range(100)) if codec.vbucket_for_key(k, 4) == 1)
     p, port = _start(data)
     try:
-        r = _roundtrip(port, codec.request(Opcode.SET, vbucket=1, opaque=1, key=key, value=b"v",
-                                           extras=codec.store_extras()))
+        r = _roundtrip(
+            port,
+            codec.request(
+                Opcode.SET, vbucket=1, opaque=1, key=key, value=b"v", extras=codec.store_extras()
+            ),
+        )
         assert r[6:8] == b"\x00\x00"
         p.send_signal(signal.SIGTERM)
         assert p.wait(30) == 0
@@ -134,8 +148,8 @@ def test_kill_9_then_restart_adds_a_failover_entry(tmp_path: Path) -> None:
 def test_unusable_data_dir_is_a_one_line_error(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_text("not a directory")
-    r = subprocess.run([*SERVER, "--port", "0", "--data-dir", str(f)], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [*SERVER, "--port", "0", "--data-dir", str(f)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0
     assert "Traceback" not in r.stderr and str(f) in r.stderr
-

@@ -37,8 +37,12 @@ def _key(vb: int, name: str) -> bytes:
 
 def _prepare(data: Path, n: int = 200) -> dict[bytes, bytes]:
     """A cleanly closed store of ``n`` keys (~2 KB each), written by the engine."""
-    b = Bucket.open(data, EngineConfig(num_vbuckets=NV, map_size=64 << 20),
-                    clock=lambda: 1_700_000_000.0, uuid_source=lambda: 0xABC)
+    b = Bucket.open(
+        data,
+        EngineConfig(num_vbuckets=NV, map_size=64 << 20),
+        clock=lambda: 1_700_000_000.0,
+        uuid_source=lambda: 0xABC,
+    )
     docs = {}
     for i in range(n):
         k = b"key-%d" % i
@@ -52,9 +56,14 @@ def _prepare(data: Path, n: int = 200) -> dict[bytes, bytes]:
 def _refused(data: Path, *extra: str, code: int = 3, cwd: Path | None = None) -> str:
     """Run the server, which must refuse to start: exit ``code``; on stderr the log line
     naming the absolute data directory, then one line saying why (no traceback)."""
-    r = subprocess.run([*SERVER, "--port", "0", "--data-dir", str(data), "--num-vbuckets",
-                        str(NV), *extra], capture_output=True, text=True, timeout=60,
-                       cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [*SERVER, "--port", "0", "--data-dir", str(data), "--num-vbuckets", str(NV), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == code, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     absolute = ((cwd or Path.cwd()) / data).resolve()
@@ -69,9 +78,11 @@ class Proc:
     def __init__(self, argv: list[str], data: Path, *extra: str) -> None:
         self.log = data.parent / "server.log"
         with open(self.log, "wb") as log:
-            self.p = subprocess.Popen([*argv, "--port", "0", "--data-dir", str(data),
-                                       "--num-vbuckets", str(NV), *extra],
-                                      stdout=subprocess.DEVNULL, stderr=log)
+            self.p = subprocess.Popen(
+                [*argv, "--port", "0", "--data-dir", str(data), "--num-vbuckets", str(NV), *extra],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         deadline = time.monotonic() + 30
         while not (m := re.search(r"listening host=\S+ port=(\d+)", self.text())):
             assert self.p.poll() is None, f"exited {self.p.returncode}:\n{self.text()}"
@@ -128,18 +139,27 @@ class Client:
         return self.next()
 
     def get(self, key: bytes):  # type: ignore[no-untyped-def]
-        return self.call(codec.request(Opcode.GET, vbucket=codec.vbucket_for_key(key, NV),
-                                       opaque=1, key=key))
+        return self.call(
+            codec.request(Opcode.GET, vbucket=codec.vbucket_for_key(key, NV), opaque=1, key=key)
+        )
 
     def set(self, key: bytes, value: bytes):  # type: ignore[no-untyped-def]
-        return self.call(codec.request(Opcode.SET, vbucket=codec.vbucket_for_key(key, NV),
-                                       opaque=2, extras=codec.store_extras(), key=key,
-                                       value=value))
+        return self.call(
+            codec.request(
+                Opcode.SET,
+                vbucket=codec.vbucket_for_key(key, NV),
+                opaque=2,
+                extras=codec.store_extras(),
+                key=key,
+                value=value,
+            )
+        )
 
     def stream(self, vb: int, end: int) -> tuple[list[bytes], int]:
         """Stream ``vb`` from 0 to ``end``: (values received, stream-end status)."""
-        r = self.call(codec.stream_request(vb, 7, start=0, end=end, vb_uuid=0,
-                                           snap_start=0, snap_end=0))
+        r = self.call(
+            codec.stream_request(vb, 7, start=0, end=end, vb_uuid=0, snap_start=0, snap_end=0)
+        )
         assert r.status == Status.SUCCESS, r
         values = []
         while True:
@@ -153,16 +173,30 @@ class Client:
         self.sock.close()
 
 
-@pytest.mark.parametrize("damage, says", [
-    (lambda f: os.truncate(f, f.stat().st_size // 2), r"data\.mdb is truncated: \d+ bytes, "
-     r"but its LMDB meta page \(transaction \d+\) says \d+ bytes are in use"),
-    (lambda f: os.truncate(f, 0), r"data\.mdb is empty \(0 bytes\), but .*dcp-store\.json "
-     "says this directory holds a bucket"),
-    (lambda f: f.unlink(), r"data\.mdb is missing, but .*dcp-store\.json says this "
-     "directory holds a bucket"),
-], ids=["truncated", "emptied", "deleted"])
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (
+            lambda f: os.truncate(f, f.stat().st_size // 2),
+            r"data\.mdb is truncated: \d+ bytes, "
+            r"but its LMDB meta page \(transaction \d+\) says \d+ bytes are in use",
+        ),
+        (
+            lambda f: os.truncate(f, 0),
+            r"data\.mdb is empty \(0 bytes\), but .*dcp-store\.json "
+            "says this directory holds a bucket",
+        ),
+        (
+            lambda f: f.unlink(),
+            r"data\.mdb is missing, but .*dcp-store\.json says this "
+            "directory holds a bucket",
+        ),
+    ],
+    ids=["truncated", "emptied", "deleted"],
+)
 def test_a_damaged_data_file_refuses_the_start_with_one_line_and_exit_3(
-        tmp_path: Path, damage, says: str) -> None:
+    tmp_path: Path, damage, says: str
+) -> None:
     data = tmp_path / "data"
     _prepare(data)
     damage(data / "data.mdb")
@@ -175,7 +209,8 @@ def test_a_damaged_data_file_refuses_the_start_with_one_line_and_exit_3(
 
 
 def test_a_failed_open_names_the_absolute_data_dir_in_the_log_and_the_error_line(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A relative ``--data-dir`` that cannot be opened: the log names the resolved
     directory before opening, and so does the error line (the operator may not know the
     server's working directory)."""
@@ -186,7 +221,8 @@ def test_a_failed_open_names_the_absolute_data_dir_in_the_log_and_the_error_line
 
 
 def test_reset_data_sets_a_damaged_file_aside_and_starts_empty_but_never_touches_intact_data(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     data = tmp_path / "data"
     docs = _prepare(data)
     key = next(iter(docs))
@@ -221,10 +257,15 @@ def test_reset_data_sets_a_damaged_file_aside_and_starts_empty_but_never_touches
 
 
 def test_a_flipped_value_byte_is_never_served_and_the_server_serves_the_rest(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     data = tmp_path / "data"
-    b = Bucket.open(data, EngineConfig(num_vbuckets=NV, map_size=64 << 20),
-                    clock=lambda: 1_700_000_000.0, uuid_source=lambda: 0xABC)
+    b = Bucket.open(
+        data,
+        EngineConfig(num_vbuckets=NV, map_size=64 << 20),
+        clock=lambda: 1_700_000_000.0,
+        uuid_source=lambda: 0xABC,
+    )
     good, bad, other = _key(1, "good"), _key(1, "bad"), _key(2, "other")
     b.set(1, good, b"g" * 300)
     b.set(1, bad, b"FLIPME" + b"v" * 300)
@@ -242,8 +283,10 @@ def test_a_flipped_value_byte_is_never_served_and_the_server_serves_the_rest(
         c = Client(srv.port)
         r = c.get(bad)
         assert r.status == Status.EINTERNAL and b"FLIPME" not in bytes(r.value)
-        srv.wait_for(rf"ERROR dcp\.storage checksum mismatch in the stored record of vb 1 "
-                     rf"seqno 2 key {re.escape(repr(bad))}")
+        srv.wait_for(
+            rf"ERROR dcp\.storage checksum mismatch in the stored record of vb 1 "
+            rf"seqno 2 key {re.escape(repr(bad))}"
+        )
         assert bytes(c.get(good).value) == b"g" * 300
         assert c.call(codec.dcp_open("damaged", 1, 3)).status == Status.SUCCESS
         values, end = c.stream(1, 2)  # a backfill over the damaged record
@@ -278,11 +321,13 @@ def test_sigterm_on_a_full_disk_exits_4_and_does_not_grow_the_map(tmp_path: Path
     assert "final flush failed" in text and "grow_map" not in text, text
     assert "growing" not in text
     assert text.strip().splitlines()[-1] == (
-        "dcp-server: stopped without persisting every acknowledged write (see the log above)")
+        "dcp-server: stopped without persisting every acknowledged write (see the log above)"
+    )
 
 
 def test_a_file_truncated_under_the_running_server_dies_with_a_traceback_not_silently(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """No check can stop a mapped file from shrinking; the fault handler at least says
     what happened, and the next start refuses the file."""
     data = tmp_path / "data"
@@ -291,8 +336,12 @@ def test_a_file_truncated_under_the_running_server_dies_with_a_traceback_not_sil
     try:
         os.truncate(data / "data.mdb", 8192)  # only the two meta pages are left
         c = Client(srv.port)
-        c.sock.sendall(b"".join(codec.request(
-            Opcode.GET, vbucket=codec.vbucket_for_key(k, NV), opaque=1, key=k) for k in docs))
+        c.sock.sendall(
+            b"".join(
+                codec.request(Opcode.GET, vbucket=codec.vbucket_for_key(k, NV), opaque=1, key=k)
+                for k in docs
+            )
+        )
         assert srv.p.wait(30) == -signal.SIGBUS
         c.close()
     finally:

@@ -22,13 +22,19 @@ from .wire import WireClient, keys_for_vb
 def _durable_set(client: WireClient, key: bytes, timeout_ms: int | None) -> tuple[int, bytes]:
     op = next(client.opaques)
     return op, codec.request(
-        Opcode.SET, vbucket=client.vb(key), opaque=op, extras=codec.store_extras(0, 0),
-        key=key, value=b"durable", framing_extras=codec.durability_frame_info(
-            DurabilityLevel.PERSIST_TO_MAJORITY, timeout_ms))
+        Opcode.SET,
+        vbucket=client.vb(key),
+        opaque=op,
+        extras=codec.store_extras(0, 0),
+        key=key,
+        value=b"durable",
+        framing_extras=codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY, timeout_ms),
+    )
 
 
 async def test_a_durable_write_with_a_1000_ms_timeout_is_answered_ambiguous_in_time(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     async with running_server(tmp_path / "d") as server, client_of(server) as client:
         await client.hello([HelloFeature.XERROR, HelloFeature.MUTATION_SEQNO])
         server.pause_persistence()  # persistence cannot proceed
@@ -57,11 +63,14 @@ async def test_a_durable_write_with_a_1000_ms_timeout_is_answered_ambiguous_in_t
 
 
 async def test_without_xerror_the_timeout_is_etmpfail_and_the_default_applies(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """No timeout in the frame info: ``durability_timeout`` (here 0.8 s) applies, and a
     client that did not ask for extended errors gets ETMPFAIL."""
-    async with running_server(tmp_path / "d", durability_timeout=0.8) as server, \
-            client_of(server) as client:
+    async with (
+        running_server(tmp_path / "d", durability_timeout=0.8) as server,
+        client_of(server) as client,
+    ):
         server.pause_persistence()
         (k,) = keys_for_vb(2, 1, 4)
         for timeout_ms in (None, 0):  # no timeout, and 0 = the default
@@ -73,7 +82,8 @@ async def test_without_xerror_the_timeout_is_etmpfail_and_the_default_applies(
 
 
 async def test_a_later_durable_write_with_a_shorter_timeout_waits_only_for_the_first(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Answers stay in order: the second write (0.3 s) is answered right after the first
     (1 s) times out, not after its own deadline and not later."""
     async with running_server(tmp_path / "d") as server, client_of(server) as client:
@@ -115,7 +125,8 @@ async def test_the_reserved_timeout_0xffff_is_refused(tmp_path: Path) -> None:
 
 
 async def test_a_durable_write_accepted_as_the_disk_fills_is_answered_by_its_deadline(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The flusher's commits fail (a full map, simulated as the storage tests do) after
     the write was accepted: the old server never answered it; now it is ambiguous at
     its deadline, and the plain request pipelined behind it is answered too."""
@@ -133,8 +144,9 @@ async def test_a_durable_write_accepted_as_the_disk_fills_is_answered_by_its_dea
             op, frame = _durable_set(client, k1, 1000)
             get_op = next(client.opaques)
             t0 = trio.current_time()
-            await client.send(frame + codec.request(Opcode.GET, vbucket=client.vb(k2),
-                                                    opaque=get_op, key=k2))
+            await client.send(
+                frame + codec.request(Opcode.GET, vbucket=client.vb(k2), opaque=get_op, key=k2)
+            )
             r = await client.next_frame(5)
             assert r.opaque == op and r.status == Status.SYNC_WRITE_AMBIGUOUS, r
             assert trio.current_time() - t0 <= 1.0 + 1.5  # the first deadline + slack

@@ -24,13 +24,19 @@ MiB = 1 << 20
 def _partial_set(i: int, sent: int) -> bytes:
     """The first ``sent`` bytes of an 8 MiB SET request (header checked, body awaited)."""
     key = b"big-%d" % i
-    frame = codec.request(Opcode.SET, opaque=i, extras=codec.store_extras(0, 0), key=key,
-                          value=bytes(8 * MiB - 8 - len(key)))
+    frame = codec.request(
+        Opcode.SET,
+        opaque=i,
+        extras=codec.store_extras(0, 0),
+        key=key,
+        value=bytes(8 * MiB - 8 - len(key)),
+    )
     return frame[:sent]
 
 
 async def test_connections_holding_the_most_partial_input_are_closed_and_rss_is_bounded(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """48 clients each send 2..5 MiB of an 8 MiB SET and stop (168 MiB in all; the old
     server held every byte, for the 30 s partial-frame timeout). With a 16 MiB
     ``total_output_cap`` the biggest holders are closed, with a log line and a count; the
@@ -38,8 +44,9 @@ async def test_connections_holding_the_most_partial_input_are_closed_and_rss_is_
     total_cap = 16 * MiB
     bound = total_cap + 48 * MiB  # the cap, the reads in flight, the allocator's slack
     sizes = [2 * MiB + i * 64 * 1024 for i in range(48)]
-    srv = ServerProcess(tmp_path / "d", "--connection-output-cap", str(MiB),
-                        "--total-output-cap", str(total_cap))
+    srv = ServerProcess(
+        tmp_path / "d", "--connection-output-cap", str(MiB), "--total-output-cap", str(total_cap)
+    )
     await srv.start()
     hogs: list[trio.SocketStream] = []
     try:
@@ -72,8 +79,11 @@ async def test_connections_holding_the_most_partial_input_are_closed_and_rss_is_
         assert 0 not in closed and 1 not in closed, "the smallest holders were closed"
         st = await neighbour.stats()
         assert int(st["conns_closed_output_memory"]) == len(closed)
-        shed_lines = [x for x in srv.log().splitlines() if "(unsent output + buffered input) "
-                      "is over total_output_cap=" in x]
+        shed_lines = [
+            x
+            for x in srv.log().splitlines()
+            if "(unsent output + buffered input) is over total_output_cap=" in x
+        ]
         assert len(shed_lines) == len(closed), shed_lines[:3]
         print(f"RSS growth {peak / MiB:.0f} MiB, {len(closed)} of {len(sizes)} closed")
     finally:

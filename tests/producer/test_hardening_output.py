@@ -32,8 +32,9 @@ async def _noop_latency(client: WireClient) -> float:
     return trio.current_time() - t0
 
 
-async def _watch(pid: int, base: int, bound: int, neighbour: WireClient,
-                 seconds: float) -> tuple[int, float]:
+async def _watch(
+    pid: int, base: int, bound: int, neighbour: WireClient, seconds: float
+) -> tuple[int, float]:
     """Sample RSS growth and a neighbour's NOOP latency for ``seconds``; stop early once
     the growth is over ``bound`` (the old server would go on to gigabytes)."""
     peak = 0
@@ -49,7 +50,8 @@ async def _watch(pid: int, base: int, bound: int, neighbour: WireClient,
 
 
 async def test_gets_of_a_large_value_never_read_keep_server_memory_near_the_cap(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """One 20 MiB value, then 100 GETs of it in one 2.4 KB write from a client that
     never reads: the old server queued every answer (2 GB). Now it holds about one
     answer; a neighbour is served meanwhile; the held GETs are answered once the client
@@ -59,8 +61,9 @@ async def test_gets_of_a_large_value_never_read_keep_server_memory_near_the_cap(
     # one answer being sent, the value as stored and as read, one answer being built,
     # plus the allocator's slack
     bound = cap + 4 * value_size + 48 * MiB
-    srv = ServerProcess(tmp_path / "d", "--connection-output-cap", str(cap),
-                        "--total-output-cap", str(512 * MiB))
+    srv = ServerProcess(
+        tmp_path / "d", "--connection-output-cap", str(cap), "--total-output-cap", str(512 * MiB)
+    )
     await srv.start()
     try:
         pid = srv.pid
@@ -84,23 +87,31 @@ async def test_gets_of_a_large_value_never_read_keep_server_memory_near_the_cap(
         # 100 (2 GB over loopback) would prove no more.
         with trio.fail_after(60):
             answers = await read_answers(hog, 10)
-        assert all(op == Opcode.GET and st == Status.SUCCESS and body == value_size + 4
-                   for op, st, body in answers)
+        assert all(
+            op == Opcode.GET and st == Status.SUCCESS and body == value_size + 4
+            for op, st, body in answers
+        )
         await hog.aclose()
         await neighbour.aclose()
     finally:
         srv.stop()
 
 
-async def test_a_stat_flood_never_read_is_bounded_and_does_not_stall_others(
-        tmp_path: Path) -> None:
+async def test_a_stat_flood_never_read_is_bounded_and_does_not_stall_others(tmp_path: Path) -> None:
     """1000 ``STAT vbucket-seqno`` over 1024 vbuckets (37 KB of requests, ~300 MB of
     answers): the old server built them all at once (416 MB, every client stalled for
     seconds). Now a group is produced in steps, against the cap."""
     cap = 4 * MiB
     bound = cap + 48 * MiB
-    srv = ServerProcess(tmp_path / "d", "--num-vbuckets", "1024", "--connection-output-cap",
-                        str(cap), "--total-output-cap", str(512 * MiB))
+    srv = ServerProcess(
+        tmp_path / "d",
+        "--num-vbuckets",
+        "1024",
+        "--connection-output-cap",
+        str(cap),
+        "--total-output-cap",
+        str(512 * MiB),
+    )
     await srv.start()
     try:
         pid = srv.pid
@@ -125,8 +136,7 @@ async def test_a_stat_flood_never_read_is_bounded_and_does_not_stall_others(
         srv.stop()
 
 
-async def test_input_is_held_per_frame_at_the_cap_and_resumes_when_drained(
-        tmp_path: Path) -> None:
+async def test_input_is_held_per_frame_at_the_cap_and_resumes_when_drained(tmp_path: Path) -> None:
     """In process: the reader stops between two frames of one read once the answers
     are over the cap (the old reader handled the whole read: 40 answers queued)."""
     cap = 2 * MiB
@@ -146,15 +156,15 @@ async def test_input_is_held_per_frame_at_the_cap_and_resumes_when_drained(
         await hog.aclose()
 
 
-async def test_over_the_total_output_cap_the_biggest_holders_are_closed(
-        tmp_path: Path) -> None:
+async def test_over_the_total_output_cap_the_biggest_holders_are_closed(tmp_path: Path) -> None:
     """Three clients each hold an 8 MiB answer they never read (each over its own cap,
     24 MiB together): the server closes the biggest holders until the rest fit in
     12 MiB, and a neighbour holding little is left alone."""
     cap = MiB
     total = 12 * MiB
-    async with running_server(tmp_path / "d", connection_output_cap=cap,
-                              total_output_cap=total) as server:
+    async with running_server(
+        tmp_path / "d", connection_output_cap=cap, total_output_cap=total
+    ) as server:
         async with client_of(server) as c:
             (key,) = keys_for_vb(2, 1, 4)
             await c.set(key, b"v" * (8 * MiB))

@@ -12,10 +12,18 @@ from .conftest import client_of, running_server
 from .wire import keys_for_vb
 
 
-def _set(vb: int, key: bytes, value: bytes, opaque: int, *, cas: int = 0, expiry: int = 0,
-         flags: int = 0) -> bytes:
-    return codec.request(Opcode.SET, vbucket=vb, opaque=opaque, cas=cas, key=key, value=value,
-                         extras=codec.store_extras(flags, expiry))
+def _set(
+    vb: int, key: bytes, value: bytes, opaque: int, *, cas: int = 0, expiry: int = 0, flags: int = 0
+) -> bytes:
+    return codec.request(
+        Opcode.SET,
+        vbucket=vb,
+        opaque=opaque,
+        cas=cas,
+        key=key,
+        value=value,
+        extras=codec.store_extras(flags, expiry),
+    )
 
 
 async def _answers(client, n: int) -> list:
@@ -23,40 +31,64 @@ async def _answers(client, n: int) -> list:
 
 
 async def test_one_chunk_of_mixed_requests_is_answered_in_order(tmp_path) -> None:
-    async with running_server(tmp_path / "d", max_item_size=1024) as server, \
-            client_of(server) as client:
+    async with (
+        running_server(tmp_path / "d", max_item_size=1024) as server,
+        client_of(server) as client,
+    ):
         await client.hello([int(HelloFeature.MUTATION_SEQNO)])
         a, b, c = keys_for_vb(1, 3, 4)
         other = keys_for_vb(2, 1, 4)[0]
-        chunk = b"".join([
-            _set(1, a, b"v1", 1),
-            _set(1, b, b"v2", 2),
-            codec.request(Opcode.ADD, vbucket=1, opaque=3, key=a, value=b"x",
-                          extras=codec.store_extras(0, 0)),           # exists
-            _set(1, c, b"v3", 4),
-            _set(1, other, b"misrouted", 5),                          # NOT_MY_VBUCKET
-            _set(9, other, b"bad vbucket", 6),                        # NOT_MY_VBUCKET
-            _set(1, a, b"x" * 5000, 7),                               # E2BIG
-            _set(1, a, b"cas-miss", 8, cas=12345),                    # KEY_EEXISTS
-            codec.request(Opcode.GET, vbucket=1, opaque=9, key=a),
-            _set(1, a, b"v4", 10, flags=7, expiry=100),
-            codec.request(Opcode.DELETE, vbucket=1, opaque=11, key=b),
-            _set(1, b, b"v5", 12),
-        ])
+        chunk = b"".join(
+            [
+                _set(1, a, b"v1", 1),
+                _set(1, b, b"v2", 2),
+                codec.request(
+                    Opcode.ADD,
+                    vbucket=1,
+                    opaque=3,
+                    key=a,
+                    value=b"x",
+                    extras=codec.store_extras(0, 0),
+                ),  # exists
+                _set(1, c, b"v3", 4),
+                _set(1, other, b"misrouted", 5),  # NOT_MY_VBUCKET
+                _set(9, other, b"bad vbucket", 6),  # NOT_MY_VBUCKET
+                _set(1, a, b"x" * 5000, 7),  # E2BIG
+                _set(1, a, b"cas-miss", 8, cas=12345),  # KEY_EEXISTS
+                codec.request(Opcode.GET, vbucket=1, opaque=9, key=a),
+                _set(1, a, b"v4", 10, flags=7, expiry=100),
+                codec.request(Opcode.DELETE, vbucket=1, opaque=11, key=b),
+                _set(1, b, b"v5", 12),
+            ]
+        )
         await client.send(chunk)
         got = await _answers(client, 12)
         assert [f.opaque for f in got] == list(range(1, 13))
         status = {f.opaque: f.status for f in got}
-        assert status == {1: 0, 2: 0, 3: Status.KEY_EEXISTS, 4: 0,
-                          5: Status.NOT_MY_VBUCKET, 6: Status.NOT_MY_VBUCKET,
-                          7: Status.E2BIG, 8: Status.KEY_EEXISTS, 9: 0, 10: 0, 11: 0, 12: 0}
+        assert status == {
+            1: 0,
+            2: 0,
+            3: Status.KEY_EEXISTS,
+            4: 0,
+            5: Status.NOT_MY_VBUCKET,
+            6: Status.NOT_MY_VBUCKET,
+            7: Status.E2BIG,
+            8: Status.KEY_EEXISTS,
+            9: 0,
+            10: 0,
+            11: 0,
+            12: 0,
+        }
         assert got[8].value == b"v1"
         ok = (1, 2, 4, 10, 11, 12)
         seqnos = [codec.parse_mutation_seqno(f)[1] for f in got if f.opaque in ok]
         assert seqnos == [1, 2, 3, 4, 5, 6]
         uuid = server.bucket.vbucket(1).uuid
-        assert all(codec.parse_mutation_seqno(f)[0] == uuid for f in got if f.status == 0
-                   and f.opcode == Opcode.SET)
+        assert all(
+            codec.parse_mutation_seqno(f)[0] == uuid
+            for f in got
+            if f.status == 0 and f.opcode == Opcode.SET
+        )
         vb = server.bucket.vbucket(1)
         meta = vb.key_meta(a)
         assert meta[0] == 4 and meta[1] == 2 and meta[3] == 7  # seqno, rev, flags
@@ -80,7 +112,7 @@ async def test_a_set_split_across_receives_is_applied_once(server, client) -> No
     keys = keys_for_vb(0, 20, 4)
     data = b"".join(_set(0, k, b"v" * 300, i + 1) for i, k in enumerate(keys))
     for cut in range(0, len(data), 777):  # frames straddle the reads
-        await client.send(data[cut:cut + 777])
+        await client.send(data[cut : cut + 777])
         await trio.sleep(0.001)
     got = await _answers(client, 20)
     assert [f.opaque for f in got] == list(range(1, 21))

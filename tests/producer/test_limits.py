@@ -17,22 +17,22 @@ from .hardening_support import ServerProcess
 from .wire import WireClient, keys_for_vb
 
 
-async def test_a_slowloris_frame_is_closed_after_the_partial_frame_timeout(
-        tmp_path: Path) -> None:
+async def test_a_slowloris_frame_is_closed_after_the_partial_frame_timeout(tmp_path: Path) -> None:
     """One byte every 0.2 s of a frame announcing 1000 body bytes: the old server kept
     the connection (and its buffer) forever. A client sending whole frames slowly is
     not affected."""
     async with running_server(tmp_path / "d", partial_frame_timeout=1.0) as server:
         slow_but_whole = await WireClient.connect(server.port)
         loris = await WireClient.connect(server.port)
-        frame = codec.request(Opcode.SET, vbucket=0, opaque=7, extras=codec.store_extras(),
-                              key=b"k", value=b"v" * 991)
+        frame = codec.request(
+            Opcode.SET, vbucket=0, opaque=7, extras=codec.store_extras(), key=b"k", value=b"v" * 991
+        )
         t0 = trio.current_time()
         closed_after = None
         with trio.move_on_after(5):
             for i in range(len(frame) - 1):
                 try:
-                    await loris.send(frame[i:i + 1])
+                    await loris.send(frame[i : i + 1])
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     closed_after = trio.current_time() - t0
                     break
@@ -52,8 +52,7 @@ async def test_a_slowloris_frame_is_closed_after_the_partial_frame_timeout(
         await loris.aclose()
 
 
-async def test_an_idle_kv_connection_is_closed_but_one_with_a_stream_is_not(
-        tmp_path: Path) -> None:
+async def test_an_idle_kv_connection_is_closed_but_one_with_a_stream_is_not(tmp_path: Path) -> None:
     async with running_server(tmp_path / "d", kv_idle_timeout=1.0) as server:
         t0 = trio.current_time()
         idle = await WireClient.connect(server.port)
@@ -69,8 +68,7 @@ async def test_an_idle_kv_connection_is_closed_but_one_with_a_stream_is_not(
         await idle.aclose()
 
 
-async def test_connections_over_max_connections_are_refused_and_counted(
-        tmp_path: Path) -> None:
+async def test_connections_over_max_connections_are_refused_and_counted(tmp_path: Path) -> None:
     async with running_server(tmp_path / "d", max_connections=2) as server:
         async with client_of(server) as a, client_of(server) as b:
             await a.stats()  # both are being served
@@ -94,8 +92,10 @@ async def test_get_with_extras_or_a_value_is_einval(tmp_path: Path) -> None:
         await client.set(k, b"v")
         for extras, value in ((b"\0\0\0\0", b""), (b"", b"x")):
             op = next(client.opaques)
-            r = await client.call(codec.request(Opcode.GET, vbucket=1, opaque=op, key=k,
-                                                extras=extras, value=value), op)
+            r = await client.call(
+                codec.request(Opcode.GET, vbucket=1, opaque=op, key=k, extras=extras, value=value),
+                op,
+            )
             assert r.status == Status.EINVAL, r
         assert bytes((await client.get(k)).value) == b"v"  # the connection goes on
 
@@ -105,7 +105,8 @@ def _limit_fds(n: int) -> None:
 
 
 async def test_out_of_descriptors_at_accept_logs_once_backs_off_and_recovers(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A real server with few descriptors: connections beyond them wait in the backlog;
     the server logs the condition once (not a traceback every 0.1 s) and serves them
     when descriptors free up."""
@@ -139,14 +140,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_the_metrics_port_out_of_descriptors_backs_off_and_logs_once(
-        tmp_path: Path) -> None:
+async def test_the_metrics_port_out_of_descriptors_backs_off_and_logs_once(tmp_path: Path) -> None:
     """The metrics listener accepts with the same loop: out of descriptors it logs once
     (trio's serve_listeners logged a traceback every 0.1 s) and scrapes work again once
     descriptors free up."""
     mport = _free_port()
-    srv = ServerProcess(tmp_path / "d", "--metrics-port", str(mport),
-                        preexec_fn=lambda: _limit_fds(48))
+    srv = ServerProcess(
+        tmp_path / "d", "--metrics-port", str(mport), preexec_fn=lambda: _limit_fds(48)
+    )
     await srv.start()
     socks: list[socket.socket] = []
     try:

@@ -51,8 +51,9 @@ def m(samples: dict, name: str, **labels: str) -> float:
 
 
 def _config(tmp_path: Path, **kw: object) -> ServerConfig:
-    return ServerConfig(port=0, data_dir=str(tmp_path / "data"), num_vbuckets=NVB,
-                        metrics_port=_free_port(), **kw)  # type: ignore[arg-type]
+    return ServerConfig(
+        port=0, data_dir=str(tmp_path / "data"), num_vbuckets=NVB, metrics_port=_free_port(), **kw
+    )  # type: ignore[arg-type]
 
 
 async def _dcp(server: DcpServer, name: str) -> WireClient:
@@ -191,8 +192,9 @@ async def test_metrics_connections_beyond_the_limit_are_closed_at_once(tmp_path:
     a new one is closed at accept, and a scrape works again once the others go."""
     async with DcpServer(_config(tmp_path)) as server:
         port = server.metrics_port
-        idle = [await trio.open_tcp_stream("127.0.0.1", port)
-                for _ in range(MAX_METRICS_CONNECTIONS)]
+        idle = [
+            await trio.open_tcp_stream("127.0.0.1", port) for _ in range(MAX_METRICS_CONNECTIONS)
+        ]
         await trio.sleep(0.2)  # all accepted and waiting for a request
         extra = await trio.open_tcp_stream("127.0.0.1", port)
         with trio.fail_after(2):  # closed without an answer, well before the 5 s

@@ -46,8 +46,12 @@ class Waiter:
 @pytest.fixture
 def bucket(tmp_path: Path) -> Iterator[Bucket]:
     uuids = itertools.count(1)
-    b = Bucket.open(tmp_path / "data", EngineConfig(num_vbuckets=4, map_size=64 << 20),
-                    clock=lambda: 1000.0, uuid_source=lambda: next(uuids))
+    b = Bucket.open(
+        tmp_path / "data",
+        EngineConfig(num_vbuckets=4, map_size=64 << 20),
+        clock=lambda: 1000.0,
+        uuid_source=lambda: next(uuids),
+    )
     yield b
     b.close()
 
@@ -64,8 +68,10 @@ def _write(bucket: Bucket, n: int) -> None:
 
 
 def _all_persisted(bucket: Bucket) -> bool:
-    return all(bucket.vbucket(vb).persisted_seqno == bucket.vbucket(vb).high_seqno
-               for vb in range(bucket.num_vbuckets))
+    return all(
+        bucket.vbucket(vb).persisted_seqno == bucket.vbucket(vb).high_seqno
+        for vb in range(bucket.num_vbuckets)
+    )
 
 
 class Faults:
@@ -87,7 +93,8 @@ class Faults:
 
 
 async def test_a_full_map_at_the_final_flush_grows_the_map_and_persists_everything(
-        bucket: Bucket) -> None:
+    bucket: Bucket,
+) -> None:
     _write(bucket, 20)
     size = bucket.storage.map_size
     faults = Faults(bucket, [StorageFullError("map full"), StorageFullError("map full")])
@@ -96,10 +103,12 @@ async def test_a_full_map_at_the_final_flush_grows_the_map_and_persists_everythi
     assert _all_persisted(bucket)
 
 
-@pytest.mark.parametrize("error", [DiskFullError("no space left on device"),
-                                   StorageError("I/O error")])
+@pytest.mark.parametrize(
+    "error", [DiskFullError("no space left on device"), StorageError("I/O error")]
+)
 async def test_a_full_disk_or_an_io_error_ends_the_final_flush_at_once_without_growing(
-        bucket: Bucket, error: StorageError) -> None:
+    bucket: Bucket, error: StorageError
+) -> None:
     _write(bucket, 20)
     faults = Faults(bucket, [error])
     assert await _persistence(bucket).final_flush() is False
@@ -109,7 +118,8 @@ async def test_a_full_disk_or_an_io_error_ends_the_final_flush_at_once_without_g
 
 
 async def test_a_map_that_never_fits_gives_up_after_a_bounded_number_of_growths(
-        bucket: Bucket) -> None:
+    bucket: Bucket,
+) -> None:
     _write(bucket, 5)
     faults = Faults(bucket, [StorageFullError("map full")] * 100)
     assert await _persistence(bucket).final_flush() is False
@@ -134,7 +144,8 @@ async def test_paused_persistence_writes_nothing_until_resumed(bucket: Bucket) -
 
 
 async def test_a_failed_flush_sets_the_storage_error_and_refuses_writes_until_one_succeeds(
-        bucket: Bucket) -> None:
+    bucket: Bucket,
+) -> None:
     _write(bucket, 3)
     Faults(bucket, [StorageError("EIO")])
     p = _persistence(bucket)
@@ -154,7 +165,8 @@ async def test_a_failed_flush_sets_the_storage_error_and_refuses_writes_until_on
 
 
 async def test_a_flush_that_persists_something_wakes_only_connections_with_durable_writes(
-        bucket: Bucket) -> None:
+    bucket: Bucket,
+) -> None:
     waiting, idle = Waiter(pending=True), Waiter(pending=False)
     p = _persistence(bucket, waiting, idle)
     _write(bucket, 4)

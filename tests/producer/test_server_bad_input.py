@@ -64,7 +64,8 @@ async def test_oversize_and_garbage_frames_close_only_that_connection(server) ->
                 assert all(f.status == Status.EINVAL for f in frames)
         await writer.set_many([(k, b"ok") for k in keys])
         frames = await healthy.read_stream_until(
-            lambda f: bool(items_of([f])) and items_of([f])[0][1] == 50)
+            lambda f: bool(items_of([f])) and items_of([f])[0][1] == 50
+        )
         assert [s for _, s, _, _ in items_of(frames)] == list(range(1, 51))
 
 

@@ -25,9 +25,10 @@ async def test_expired_items_become_expirations_with_new_seqnos(tmp_path) -> Non
                     await trio.sleep(0.1)
             assert (await c.get(k1)).status == Status.KEY_ENOENT
             assert bytes((await c.get(k2)).value) == b"forever"
-        for flags, want in ((DcpOpenFlag.PRODUCER, Opcode.DCP_DELETION),
-                            (DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES,
-                             Opcode.DCP_EXPIRATION)):
+        for flags, want in (
+            (DcpOpenFlag.PRODUCER, Opcode.DCP_DELETION),
+            (DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES, Opcode.DCP_EXPIRATION),
+        ):
             async with client_of(server) as c:
                 await c.dcp_open(f"t-exp-{flags}", flags)
                 assert (await c.control("enable_expiry_opcode", "true")).status == 0
@@ -36,8 +37,7 @@ async def test_expired_items_become_expirations_with_new_seqnos(tmp_path) -> Non
                 assert items_of(frames)[-1][:3] == (want, 3, k1)
 
 
-async def test_purged_tombstones_force_a_rollback_to_zero_below_the_purge_seqno(
-        tmp_path) -> None:
+async def test_purged_tombstones_force_a_rollback_to_zero_below_the_purge_seqno(tmp_path) -> None:
     async with running_server(tmp_path / "d", tombstone_purge_age=0.0) as server:
         async with client_of(server) as c:
             keys = keys_for_vb(2, 4, 4)
@@ -58,9 +58,11 @@ async def test_purged_tombstones_force_a_rollback_to_zero_below_the_purge_seqno(
 
 
 async def test_a_disk_snapshot_ending_in_a_purged_tombstone_ends_with_seqno_advanced(
-        tmp_path) -> None:
-    async with running_server(tmp_path / "d", tombstone_purge_age=0.0,
-                              checkpoint_retain_seconds=0) as server:
+    tmp_path,
+) -> None:
+    async with running_server(
+        tmp_path / "d", tombstone_purge_age=0.0, checkpoint_retain_seconds=0
+    ) as server:
         async with client_of(server) as c:
             keys = keys_for_vb(2, 3, 4)
             await c.set_many([(k, b"v") for k in keys])
@@ -78,8 +80,11 @@ async def test_a_disk_snapshot_ending_in_a_purged_tombstone_ends_with_seqno_adva
                     assert (await d.stream_req(2)).status == Status.SUCCESS  # open-ended
                     frames = await d.frames_for(0.5)
                     ops = [f.opcode for f in frames if f.opcode != Opcode.DCP_NOOP]
-                    (marker,) = [codec.parse_snapshot_marker(f) for f in frames
-                                 if f.opcode == Opcode.DCP_SNAPSHOT_MARKER]
+                    (marker,) = [
+                        codec.parse_snapshot_marker(f)
+                        for f in frames
+                        if f.opcode == Opcode.DCP_SNAPSHOT_MARKER
+                    ]
                     # seqno 1 was superseded by the tombstone at 4, which was purged
                     assert marker[:2] == (2, 4)
                     assert [s for _, s, _, _ in items_of(frames)] == [2, 3]

@@ -30,17 +30,20 @@ async def test_flow_control_stalls_without_acks_and_resumes_with_them(server, cl
 
 
 async def test_stalled_client_loses_its_cursor_then_catches_up_with_nothing_missing(
-        tmp_path) -> None:
-    async with running_server(tmp_path / "d", checkpoint_max_items=50,
-                              checkpoint_memory_quota=256 * 1024) as server:
+    tmp_path,
+) -> None:
+    async with running_server(
+        tmp_path / "d", checkpoint_max_items=50, checkpoint_memory_quota=256 * 1024
+    ) as server:
         async with client_of(server) as c, client_of(server) as writer:
             await c.dcp_open("t-slow")
             await c.control("connection_buffer_size", "4096")
             await c.stream_req(1)
             keys = keys_for_vb(1, 400, 4)
             for i in range(0, 4000, 400):  # 4000 writes of 1 KiB: ~4 MiB through a 256 KiB quota
-                await writer.set_many([(k, b"%06d" % (i + j) + b"v" * 1018)
-                                       for j, k in enumerate(keys)])
+                await writer.set_many(
+                    [(k, b"%06d" % (i + j) + b"v" * 1018) for j, k in enumerate(keys)]
+                )
                 await server.flush_all()
             await trio.sleep(0.3)
             (stream,) = server.streams()
@@ -74,14 +77,15 @@ async def test_noops_are_sent_and_a_silent_client_is_disconnected(tmp_path) -> N
             noops = 0
             with trio.fail_after(10):
                 async with trio.open_nursery() as n:
+
                     async def answer() -> None:
                         nonlocal noops
                         while True:
                             f = await polite.next_frame(10)
                             if f.opcode == Opcode.DCP_NOOP and not f.is_response:
                                 noops += 1
-                                await polite.send(codec.response(Opcode.DCP_NOOP,
-                                                                 opaque=f.opaque))
+                                await polite.send(codec.response(Opcode.DCP_NOOP, opaque=f.opaque))
+
                     n.start_soon(answer)
                     await quiet.wait_closed(timeout=6)
                     n.cancel_scope.cancel()

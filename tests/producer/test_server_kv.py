@@ -10,8 +10,14 @@ from .wire import keys_for_vb
 
 
 async def test_hello_answers_the_supported_subset_in_request_order(client) -> None:
-    got = await client.hello([HelloFeature.COLLECTIONS, HelloFeature.JSON,
-                              HelloFeature.MUTATION_SEQNO, HelloFeature.XERROR])
+    got = await client.hello(
+        [
+            HelloFeature.COLLECTIONS,
+            HelloFeature.JSON,
+            HelloFeature.MUTATION_SEQNO,
+            HelloFeature.XERROR,
+        ]
+    )
     assert got == [HelloFeature.JSON, HelloFeature.MUTATION_SEQNO, HelloFeature.XERROR]
 
 
@@ -23,7 +29,8 @@ async def test_version_and_noop(client) -> None:
 
 
 async def test_writes_return_cas_and_with_mutation_seqno_the_vbucket_uuid_and_seqno(
-        server, client) -> None:
+    server, client
+) -> None:
     await client.hello([HelloFeature.MUTATION_SEQNO])
     k1, k2 = keys_for_vb(2, 2, 4)
     r1 = await client.set(k1, b"one")
@@ -68,10 +75,15 @@ async def test_durable_write_is_acknowledged_only_after_it_is_persisted(server, 
     (k,) = keys_for_vb(3, 1, 4)
     server.pause_persistence()
     op = next(client.opaques)
-    frame = codec.request(Opcode.SET, vbucket=3, opaque=op, extras=codec.store_extras(0, 0),
-                          key=k, value=b"durable",
-                          framing_extras=codec.durability_frame_info(
-                              DurabilityLevel.PERSIST_TO_MAJORITY))
+    frame = codec.request(
+        Opcode.SET,
+        vbucket=3,
+        opaque=op,
+        extras=codec.store_extras(0, 0),
+        key=k,
+        value=b"durable",
+        framing_extras=codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY),
+    )
     await client.send(frame)
     assert not await client.frames_for(0.4), "durable write acked before persistence"
     server.resume_persistence()
@@ -81,8 +93,7 @@ async def test_durable_write_is_acknowledged_only_after_it_is_persisted(server, 
     assert server.bucket.vbucket(3).persisted_seqno >= seqno
 
 
-async def test_flush_interval_batches_plain_writes_but_never_delays_a_durable_one(
-        tmp_path) -> None:
+async def test_flush_interval_batches_plain_writes_but_never_delays_a_durable_one(tmp_path) -> None:
     from .conftest import client_of, running_server
 
     async with running_server(tmp_path / "d", flush_interval=30.0) as server:
@@ -97,24 +108,31 @@ async def test_flush_interval_batches_plain_writes_but_never_delays_a_durable_on
             await trio.sleep(0.3)
             assert server.bucket.vbucket(1).persisted_seqno == 1
             op = next(client.opaques)
-            await client.send(codec.request(
-                Opcode.SET, vbucket=1, opaque=op, extras=codec.store_extras(0, 0), key=k3,
-                value=b"durable", framing_extras=codec.durability_frame_info(
-                    DurabilityLevel.PERSIST_TO_MAJORITY)))
+            await client.send(
+                codec.request(
+                    Opcode.SET,
+                    vbucket=1,
+                    opaque=op,
+                    extras=codec.store_extras(0, 0),
+                    key=k3,
+                    value=b"durable",
+                    framing_extras=codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY),
+                )
+            )
             r = await client.next_frame(2)  # not after 30 s: the durable write cut it short
             assert r.opaque == op and r.status == Status.SUCCESS
             assert server.bucket.vbucket(1).persisted_seqno == 3
 
 
-async def test_a_durable_write_behind_a_flush_backlog_is_not_held_by_the_interval(
-        tmp_path) -> None:
+async def test_a_durable_write_behind_a_flush_backlog_is_not_held_by_the_interval(tmp_path) -> None:
     """Batches capped at 4 items, a 30 s interval, one pending item on each of 64
     vbuckets: the flusher drains the backlog without pausing, so a durable write on
     any vbucket is answered at once."""
     from .conftest import client_of, running_server
 
-    async with running_server(tmp_path / "d", num_vbuckets=64, flush_interval=30.0,
-                              flush_batch_items=4) as server:
+    async with running_server(
+        tmp_path / "d", num_vbuckets=64, flush_interval=30.0, flush_batch_items=4
+    ) as server:
         async with client_of(server) as client:
             await client.hello([HelloFeature.MUTATION_SEQNO])
             server.pause_persistence()
@@ -122,10 +140,17 @@ async def test_a_durable_write_behind_a_flush_backlog_is_not_held_by_the_interva
             server.resume_persistence()
             k = keys_for_vb(63, 2, 64)[1]
             op = next(client.opaques)
-            await client.send(codec.request(
-                Opcode.SET, vbucket=63, opaque=op, extras=codec.store_extras(0, 0), key=k,
-                value=b"durable", framing_extras=codec.durability_frame_info(
-                    DurabilityLevel.PERSIST_TO_MAJORITY)))
+            await client.send(
+                codec.request(
+                    Opcode.SET,
+                    vbucket=63,
+                    opaque=op,
+                    extras=codec.store_extras(0, 0),
+                    key=k,
+                    value=b"durable",
+                    framing_extras=codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY),
+                )
+            )
             r = await client.next_frame(3)
             assert r.opaque == op and r.status == Status.SUCCESS
             assert all(server.bucket.vbucket(vb).persisted_seqno >= 1 for vb in range(64))
@@ -164,6 +189,7 @@ async def test_get_all_vb_seqnos_lists_high_seqnos(client) -> None:
     for k in keys_for_vb(2, 4, 4):
         await client.set(k, b"x")
     op = next(client.opaques)
-    r = await client.call(codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=op,
-                                        extras=codec.U32.pack(1)), op)
+    r = await client.call(
+        codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=op, extras=codec.U32.pack(1)), op
+    )
     assert codec.parse_all_vb_seqnos(r.value) == [(0, 0), (1, 0), (2, 4), (3, 0)]

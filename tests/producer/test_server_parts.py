@@ -82,8 +82,12 @@ def test_wake_dirty_marks_only_the_streams_of_changed_vbuckets_once_per_batch() 
 async def test_each_connection_has_its_own_backfill_limiter_until_it_closes() -> None:
     cfg = ServerConfig(max_concurrent_backfills=2)
     async with trio.open_nursery() as nursery:
-        b = Backfills(storage=None, config=cfg, metrics=ServerMetrics(),  # type: ignore[arg-type]
-                      nursery=nursery)
+        b = Backfills(
+            storage=None,
+            config=cfg,
+            metrics=ServerMetrics(),  # type: ignore[arg-type]
+            nursery=nursery,
+        )
         first = b.slots(1)
         assert b.slots(1) is first and b.slots(2) is not first
         assert first.total_tokens == 2
@@ -97,14 +101,17 @@ async def test_each_connection_has_its_own_backfill_limiter_until_it_closes() ->
 def _answer_with(status: int):  # type: ignore[no-untyped-def]
     def handler(conn: Connection, f: Frame) -> None:
         conn.error(f.opcode, status, f.opaque, "from the test's table")
+
     return handler
 
 
-async def test_connections_dispatch_through_the_table_the_server_was_given(
-        tmp_path: Path) -> None:
-    table = HandlerTable(requests={**HANDLERS.requests, 0xEE: _answer_with(Status.EBUSY)},
-                         unknown=_answer_with(Status.NOT_SUPPORTED),
-                         response=HANDLERS.response, set_run=HANDLERS.set_run)
+async def test_connections_dispatch_through_the_table_the_server_was_given(tmp_path: Path) -> None:
+    table = HandlerTable(
+        requests={**HANDLERS.requests, 0xEE: _answer_with(Status.EBUSY)},
+        unknown=_answer_with(Status.NOT_SUPPORTED),
+        response=HANDLERS.response,
+        set_run=HANDLERS.set_run,
+    )
     cfg = ServerConfig(port=0, data_dir=str(tmp_path / "d"), num_vbuckets=4)
     async with DcpServer(cfg, handlers=table) as server:
         async with client_of(server) as c:
@@ -149,8 +156,12 @@ class View:
 @pytest.fixture
 def bucket(tmp_path: Path) -> Iterator[Bucket]:
     uuids = itertools.count(1)
-    b = Bucket.open(tmp_path / "data", EngineConfig(num_vbuckets=4, map_size=64 << 20),
-                    clock=lambda: 1000.0, uuid_source=lambda: next(uuids))
+    b = Bucket.open(
+        tmp_path / "data",
+        EngineConfig(num_vbuckets=4, map_size=64 << 20),
+        clock=lambda: 1000.0,
+        uuid_source=lambda: next(uuids),
+    )
     yield b
     b.close()
 
@@ -163,7 +174,8 @@ def test_stat_and_metrics_read_any_server_view(bucket: Bucket) -> None:
     assert general["ep_storage_error"] == "disk on fire"
     assert general["ep_rollbacks_answered"] == 3 and general["curr_connections"] == 0
     assert [p for unit in stat_units(view, "vbucket") for p in unit] == [
-        (f"vb_{vb}", "active") for vb in range(4)]
+        (f"vb_{vb}", "active") for vb in range(4)
+    ]
     text = render(view).decode()
     assert "dcp_output_bytes 345.0" in text and "dcp_rollbacks_answered_total 3.0" in text
 
@@ -176,8 +188,7 @@ def _source(name: str) -> str:
 
 
 def _producer_modules() -> dict[str, ast.Module]:
-    return {p.name: ast.parse(p.read_text(encoding="utf-8"))
-            for p in sorted(PRODUCER.glob("*.py"))}
+    return {p.name: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PRODUCER.glob("*.py"))}
 
 
 def test_reporting_reads_a_view_not_the_server_and_the_reader_imports_no_handler() -> None:
@@ -192,9 +203,14 @@ def test_reporting_reads_a_view_not_the_server_and_the_reader_imports_no_handler
 
 def test_no_producer_module_imports_inside_a_function() -> None:
     """A lazy import hides a dependency (server.py's did, and typed the bucket ``Any``)."""
-    lazy = [f"{name}:{n.lineno}" for name, tree in _producer_modules().items()
-            for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-            for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    lazy = [
+        f"{name}:{n.lineno}"
+        for name, tree in _producer_modules().items()
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for n in ast.walk(fn)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
     assert not lazy
 
 

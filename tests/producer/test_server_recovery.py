@@ -22,7 +22,8 @@ async def test_rollback_after_unclean_restart_of_unpersisted_writes(tmp_path) ->
             r = await c.stream_req(2)
             uuid1 = codec.parse_failover_log(r.value)[0][0]
             frames = await c.read_stream_until(
-                lambda f: bool(items_of([f])) and items_of([f])[0][1] == 15)
+                lambda f: bool(items_of([f])) and items_of([f])[0][1] == 15
+            )
             assert [s for _, s, _, _ in items_of(frames)][-1] == 15
         server.request_shutdown(clean=False)  # a crash: no final flush, no clean marker
     async with running_server(data) as server:

@@ -30,8 +30,11 @@ async def test_a_stale_noop_answer_does_not_count_and_the_matching_one_does(tmp_
             await c.stream_req(0)
             first = await _next_noop(c, 5)
             await c.send(codec.response(Opcode.DCP_NOOP, opaque=first + 1000))  # stale
-            more = [f for f in await c.frames_for(1.0)
-                    if f.opcode == Opcode.DCP_NOOP and not f.is_response]
+            more = [
+                f
+                for f in await c.frames_for(1.0)
+                if f.opcode == Opcode.DCP_NOOP and not f.is_response
+            ]
             assert more == [], "a noop answer with another opaque was taken as the answer"
             st = await c.stats("dcp")
             assert st["eq_dcpq:t-noop-opaque:noop_pending"] == "True"
@@ -67,8 +70,9 @@ async def test_no_request_after_a_refusal_is_applied(server, client) -> None:
             if f.opcode == Opcode.DCP_MUTATION and not f.is_response:
                 break
     refusal = codec.response(Opcode.DCP_MUTATION, Status.ENOMEM, opaque=f.opaque)
-    set_req = codec.request(Opcode.SET, vbucket=0, opaque=77, key=late, value=b"late",
-                            extras=codec.store_extras(0, 0))
+    set_req = codec.request(
+        Opcode.SET, vbucket=0, opaque=77, key=late, value=b"late", extras=codec.store_extras(0, 0)
+    )
     await client.send(refusal + set_req)
     await client.wait_closed()
     async with client_of(server) as other:
@@ -82,5 +86,8 @@ async def test_the_window_and_the_noop_settings_show_in_stat_dcp(server, client)
     bad = await client.control("set_noop_interval", "0")
     assert bad.status == Status.EINVAL and b"interval must be 0.1..10800" in bytes(bad.value)
     st = await client.stats("dcp")
-    assert (st["eq_dcpq:t-stat:window"], st["eq_dcpq:t-stat:noop_interval"],
-            st["eq_dcpq:t-stat:noop_enabled"]) == ("12345", "7.5", "False")
+    assert (
+        st["eq_dcpq:t-stat:window"],
+        st["eq_dcpq:t-stat:noop_interval"],
+        st["eq_dcpq:t-stat:noop_enabled"],
+    ) == ("12345", "7.5", "False")

@@ -49,8 +49,10 @@ async def test_seed_dedup_example_over_the_wire_is_one_snapshot_2_to_3(server, c
     assert (await client.stream_req(0, end=3)).status == Status.SUCCESS
     frames = await client.read_stream_until(is_end)
     assert [(s, e) for s, e, _ in markers_of(frames)] == [(2, 3)]
-    assert items_of(frames) == [(Opcode.DCP_MUTATION, 2, b, b"B"),
-                                (Opcode.DCP_MUTATION, 3, a, b"A2")]
+    assert items_of(frames) == [
+        (Opcode.DCP_MUTATION, 2, b, b"B"),
+        (Opcode.DCP_MUTATION, 3, a, b"A2"),
+    ]
 
 
 async def test_every_message_of_a_stream_echoes_its_opaque(server, client) -> None:
@@ -82,14 +84,14 @@ async def test_stream_from_a_mid_point_sends_only_later_seqnos(server, client) -
 
 
 async def test_live_stream_is_refused_with_key_exists_and_bad_requests_get_errors(
-        server, client) -> None:
+    server, client
+) -> None:
     await client.dcp_open("t-errors")
     assert (await client.stream_req(0)).status == Status.SUCCESS
     assert (await client.stream_req(0)).status == Status.KEY_EEXISTS
     assert (await client.stream_req(99)).status == Status.NOT_MY_VBUCKET
     # start beyond the high seqno
-    assert (await client.stream_req(1, start=5, uuid=0)).status in (Status.ERANGE,
-                                                                    Status.ROLLBACK)
+    assert (await client.stream_req(1, start=5, uuid=0)).status in (Status.ERANGE, Status.ROLLBACK)
     # snap_start > start
     assert (await client.stream_req(2, start=0, snap_start=3, snap_end=4)).status == Status.ERANGE
 
@@ -104,8 +106,9 @@ async def test_unknown_vbucket_uuid_is_told_to_roll_back_to_zero(server, client)
 
 
 async def test_backfill_then_memory_hand_over_has_no_gap_or_duplicate(tmp_path) -> None:
-    async with running_server(tmp_path / "d", checkpoint_max_items=10,
-                              checkpoint_retain_seconds=0) as server:
+    async with running_server(
+        tmp_path / "d", checkpoint_max_items=10, checkpoint_retain_seconds=0
+    ) as server:
         async with client_of(server) as c:
             keys = keys_for_vb(1, 60, 4)
             await c.set_many([(k, b"old") for k in keys[:51]])
@@ -120,12 +123,14 @@ async def test_backfill_then_memory_hand_over_has_no_gap_or_duplicate(tmp_path) 
             r = await c.stream_req(1)
             assert r.status == Status.SUCCESS
             frames = await c.read_stream_until(
-                lambda f: bool(items_of([f])) and items_of([f])[0][1] == high_before)
+                lambda f: bool(items_of([f])) and items_of([f])[0][1] == high_before
+            )
             for k in keys[51:]:
                 await c.set(k, b"new")
             high = server.bucket.vbucket(1).high_seqno
             frames += await c.read_stream_until(
-                lambda f: bool(items_of([f])) and items_of([f])[0][1] == high)
+                lambda f: bool(items_of([f])) and items_of([f])[0][1] == high
+            )
             markers = markers_of(frames)
             assert markers[0][2] & SnapshotMarkerFlag.DISK
             assert any(m[2] & SnapshotMarkerFlag.MEMORY for m in markers[1:])
@@ -182,8 +187,18 @@ async def test_all_1024_vbuckets_stream_on_one_connection(tmp_path) -> None:
 async def test_key_only_streams_strip_values_and_0x40_keeps_the_datatype(server, client) -> None:
     (k,) = keys_for_vb(0, 1, 4)
     op = next(client.opaques)
-    await client.call(codec.request(Opcode.SET, vbucket=0, opaque=op, datatype=1,
-                                    extras=codec.store_extras(7, 0), key=k, value=b'{"a":1}'), op)
+    await client.call(
+        codec.request(
+            Opcode.SET,
+            vbucket=0,
+            opaque=op,
+            datatype=1,
+            extras=codec.store_extras(7, 0),
+            key=k,
+            value=b'{"a":1}',
+        ),
+        op,
+    )
     for flag, want_dt in ((0x08, 0), (0x40, 1)):
         async with client_of(server) as c:
             await c.dcp_open(f"t-novalue-{flag}", flags=0x01 | flag)
@@ -195,7 +210,8 @@ async def test_key_only_streams_strip_values_and_0x40_keeps_the_datatype(server,
 
 
 async def test_a_cut_inside_a_snapshot_keeps_the_real_snapshot_end_in_the_marker(
-        server, client) -> None:
+    server, client
+) -> None:
     """Asking for end=2 of a deduplicated snapshot 2..3 must not pretend 2 is a snapshot end."""
     a, b = keys_for_vb(0, 2, 4)
     await client.set(a, b"A1")
@@ -237,8 +253,9 @@ async def test_a_bounded_stream_whose_range_has_no_items_left_still_ends(tmp_pat
             uuid = server.bucket.vbucket(0).uuid
             r = await c.stream_req(0, start=2, uuid=uuid, end=3)
             assert r.status == Status.ROLLBACK  # below the purge seqno
-            r = await c.stream_req(0, start=2, uuid=uuid, end=3,
-                                   flags=StreamRequestFlag.IGNORE_PURGED_TOMBSTONES)
+            r = await c.stream_req(
+                0, start=2, uuid=uuid, end=3, flags=StreamRequestFlag.IGNORE_PURGED_TOMBSTONES
+            )
             assert r.status == Status.SUCCESS
             frames = await c.read_stream_until(is_end, timeout=10)
             assert codec.parse_stream_end(frames[-1]) == StreamEndStatus.OK
@@ -270,9 +287,13 @@ async def test_backfill_of_many_tombstones_releases_its_slot(tmp_path) -> None:
     """Deletion frames are smaller than the size a backfill charges for them: the
     buffered-bytes count must still return to zero, or the stream keeps its
     connection's only backfill slot (and every other vbucket of it waits forever)."""
-    async with running_server(tmp_path / "d", checkpoint_max_items=50,
-                              checkpoint_retain_seconds=0, backfill_buffer_bytes=4096,
-                              max_concurrent_backfills=1) as server:
+    async with running_server(
+        tmp_path / "d",
+        checkpoint_max_items=50,
+        checkpoint_retain_seconds=0,
+        backfill_buffer_bytes=4096,
+        max_concurrent_backfills=1,
+    ) as server:
         async with client_of(server) as c:
             keys0 = keys_for_vb(0, 600, 4)
             keys1 = keys_for_vb(1, 5, 4)
@@ -287,8 +308,7 @@ async def test_backfill_of_many_tombstones_releases_its_slot(tmp_path) -> None:
             await c.dcp_open("t-tombstones")
             assert (await c.stream_req(0)).status == Status.SUCCESS  # open-ended
             assert (await c.stream_req(1, end=high1)).status == Status.SUCCESS
-            frames = await c.read_stream_until(lambda f: is_end(f) and f.vbucket == 1,
-                                               timeout=10.0)
+            frames = await c.read_stream_until(lambda f: is_end(f) and f.vbucket == 1, timeout=10.0)
             assert all(flags & SnapshotMarkerFlag.DISK for _, _, flags in markers_of(frames))
             got1 = [k for _, _, k, _ in items_of([f for f in frames if f.vbucket == 1])]
             assert got1 == keys1
@@ -320,5 +340,5 @@ async def test_persisted_checkpoints_are_retained_then_freed(tmp_path) -> None:
             assert (await c.stream_req(2, end=20, opaque=77)).status == Status.SUCCESS
             frames = await c.read_stream_until(is_end)
             # from disk: one snapshot up to the newest persisted seqno, and it says so
-            (_start, end, flags), = markers_of(frames)
+            ((_start, end, flags),) = markers_of(frames)
             assert flags & SnapshotMarkerFlag.DISK and end == 30

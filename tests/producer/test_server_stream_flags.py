@@ -30,7 +30,8 @@ async def test_from_latest_sends_only_changes_made_after_the_request(server, cli
     assert r.status == Status.SUCCESS
     await client.set_many([(k, b"new") for k in keys[3:]])
     frames = await client.read_stream_until(
-        lambda f: bool(items_of([f])) and items_of([f])[0][1] == 6)
+        lambda f: bool(items_of([f])) and items_of([f])[0][1] == 6
+    )
     assert [(s, v) for _, s, _, v in items_of(frames)] == [(4, b"new"), (5, b"new"), (6, b"new")]
 
 
@@ -55,13 +56,13 @@ async def test_strict_vb_uuid_checks_the_uuid_even_from_zero(server, client) -> 
 
 
 async def test_get_failover_log_and_all_vb_seqnos_agree_with_stream_responses(
-        server, client) -> None:
+    server, client
+) -> None:
     await client.dcp_open("t-flog")
     r = await client.stream_req(1)
     op = next(client.opaques)
     g = await client.call(codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=1, opaque=op), op)
-    assert g.status == 0 and codec.parse_failover_log(g.value) == codec.parse_failover_log(
-        r.value)
+    assert g.status == 0 and codec.parse_failover_log(g.value) == codec.parse_failover_log(r.value)
     op = next(client.opaques)
     g = await client.call(codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=9, opaque=op), op)
     assert g.status == Status.NOT_MY_VBUCKET

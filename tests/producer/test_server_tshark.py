@@ -23,8 +23,12 @@ pytestmark = pytest.mark.tshark
 # Dissector quirks that are not defects of our frames (protocol_spec/README.md,
 # "Checking with Wireshark"):
 # error responses without a value, and the failover-log "trailing stray characters".
-ALLOWED = ("Stream Request: Rollback", "No DCP Stream", "must have Value",
-           "Trailing stray characters")
+ALLOWED = (
+    "Stream Request: Rollback",
+    "No DCP Stream",
+    "must have Value",
+    "Trailing stray characters",
+)
 
 
 def _tshark(*args: str) -> str:
@@ -45,8 +49,11 @@ def capture(tmp_path: Path):  # type: ignore[no-untyped-def]
         err = open(tmp_path / "tshark.err", "w")
         out = open(printed, "w")
         # -P -l: also print one flushed line per packet, so we can see capture is live.
-        p = subprocess.Popen(["tshark", "-i", "lo", "-f", f"tcp port {port}", "-P", "-l",
-                              "-w", str(pcap)], stdout=out, stderr=err)
+        p = subprocess.Popen(
+            ["tshark", "-i", "lo", "-f", f"tcp port {port}", "-P", "-l", "-w", str(pcap)],
+            stdout=out,
+            stderr=err,
+        )
         procs.append((p, err))
         procs.append((None, out))
         # "Capturing on" is printed before packets are really seen: probe with empty
@@ -54,8 +61,10 @@ def capture(tmp_path: Path):  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + 20
         while printed.stat().st_size == 0:
             if time.monotonic() > deadline or p.poll() is not None:
-                pytest.skip("tshark could not start capturing: "
-                            + (tmp_path / "tshark.err").read_text()[-300:])
+                pytest.skip(
+                    "tshark could not start capturing: "
+                    + (tmp_path / "tshark.err").read_text()[-300:]
+                )
             socket.create_connection(("127.0.0.1", port), timeout=5).close()
             time.sleep(0.05)
         return pcap
@@ -70,8 +79,9 @@ def capture(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> None:
-    async with running_server(tmp_path / "d", checkpoint_max_items=5,
-                              checkpoint_retain_seconds=0, tombstone_purge_age=0) as server:
+    async with running_server(
+        tmp_path / "d", checkpoint_max_items=5, checkpoint_retain_seconds=0, tombstone_purge_age=0
+    ) as server:
         pcap = capture(server.port)
         async with client_of(server) as c:
             await c.hello([HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO])
@@ -86,8 +96,9 @@ async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> 
             await c.control("set_noop_interval", "0.2")
             r = await c.stream_req(1, end=9)
             uuid = codec.parse_failover_log(r.value)[0][0]
-            frames = await c.read_stream_until(lambda f: f.opcode == Opcode.DCP_STREAM_END,
-                                               ack=True)
+            frames = await c.read_stream_until(
+                lambda f: f.opcode == Opcode.DCP_STREAM_END, ack=True
+            )
             await c.stream_req(2, start=3, uuid=99, snap_start=3, snap_end=3)  # rollback answer
             await c.stream_req(1, start=9, uuid=uuid, snap_start=9, snap_end=9)
             await trio.sleep(0.5)  # at least one noop
@@ -114,22 +125,54 @@ async def test_end_to_end_session_capture_is_judged_clean(tmp_path, capture) -> 
     malformed = _tshark("-r", str(pcap), *d, "-Y", "_ws.malformed")
     assert not malformed.strip(), malformed
     expert = _tshark("-r", str(pcap), *d, "-q", "-z", "expert,warn")
-    bad = [ln for ln in expert.splitlines() if "Couchbase" in ln
-           and not any(a in ln for a in ALLOWED)]
+    bad = [
+        ln for ln in expert.splitlines() if "Couchbase" in ln and not any(a in ln for a in ALLOWED)
+    ]
     assert not bad, "\n".join(bad)
     undissected = _tshark("-r", str(pcap), *d, "-Y", "tcp.len>0 && !couchbase")
     assert not undissected.strip(), undissected
-    fields = _tshark("-r", str(pcap), *d, "-Y", "couchbase", "-T", "fields", "-E",
-                     "occurrence=a", "-E", "aggregator=,", "-e", "couchbase.opcode",
-                     "-e", "couchbase.extras.by_seqno")
-    opcodes = {int(x, 16) for line in fields.splitlines() for x in
-               line.split("\t")[0].split(",") if x}
-    for op in (Opcode.DCP_OPEN, Opcode.DCP_CONTROL, Opcode.DCP_STREAM_REQ,
-               Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_MUTATION, Opcode.DCP_DELETION,
-               Opcode.DCP_STREAM_END, Opcode.DCP_BUFFER_ACK, Opcode.DCP_NOOP, Opcode.SET,
-               Opcode.STAT, Opcode.HELLO, Opcode.DCP_GET_FAILOVER_LOG,
-               Opcode.DCP_SEQNO_ADVANCED):
+    fields = _tshark(
+        "-r",
+        str(pcap),
+        *d,
+        "-Y",
+        "couchbase",
+        "-T",
+        "fields",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+        "-e",
+        "couchbase.opcode",
+        "-e",
+        "couchbase.extras.by_seqno",
+    )
+    opcodes = {
+        int(x, 16) for line in fields.splitlines() for x in line.split("\t")[0].split(",") if x
+    }
+    for op in (
+        Opcode.DCP_OPEN,
+        Opcode.DCP_CONTROL,
+        Opcode.DCP_STREAM_REQ,
+        Opcode.DCP_SNAPSHOT_MARKER,
+        Opcode.DCP_MUTATION,
+        Opcode.DCP_DELETION,
+        Opcode.DCP_STREAM_END,
+        Opcode.DCP_BUFFER_ACK,
+        Opcode.DCP_NOOP,
+        Opcode.SET,
+        Opcode.STAT,
+        Opcode.HELLO,
+        Opcode.DCP_GET_FAILOVER_LOG,
+        Opcode.DCP_SEQNO_ADVANCED,
+    ):
         assert op in opcodes, f"opcode 0x{op:02x} missing from the capture"
-    seqnos = {int(x) for line in fields.splitlines() if "\t" in line
-              for x in line.split("\t")[1].split(",") if x}
+    seqnos = {
+        int(x)
+        for line in fields.splitlines()
+        if "\t" in line
+        for x in line.split("\t")[1].split(",")
+        if x
+    }
     assert {s for _, s, _, _ in items_of(frames)} <= seqnos

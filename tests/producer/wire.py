@@ -94,14 +94,30 @@ class WireClient:
         assert r.status == Status.SUCCESS
         return codec.parse_hello_features(r.value)
 
-    async def store(self, opcode: int, key: bytes, value: bytes, *, cas: int = 0,
-                    flags: int = 0, expiry: int = 0, durability: int | None = None,
-                    vb: int | None = None) -> Frame:
+    async def store(
+        self,
+        opcode: int,
+        key: bytes,
+        value: bytes,
+        *,
+        cas: int = 0,
+        flags: int = 0,
+        expiry: int = 0,
+        durability: int | None = None,
+        vb: int | None = None,
+    ) -> Frame:
         op = next(self.opaques)
         fe = codec.durability_frame_info(durability) if durability is not None else b""
-        frame = codec.request(opcode, vbucket=self.vb(key) if vb is None else vb, opaque=op,
-                              cas=cas, extras=codec.store_extras(flags, expiry), key=key,
-                              value=value, framing_extras=fe)
+        frame = codec.request(
+            opcode,
+            vbucket=self.vb(key) if vb is None else vb,
+            opaque=op,
+            cas=cas,
+            extras=codec.store_extras(flags, expiry),
+            key=key,
+            value=value,
+            framing_extras=fe,
+        )
         return await self.call(frame, op)
 
     async def set(self, key: bytes, value: bytes, **kw: int) -> Frame:
@@ -116,8 +132,14 @@ class WireClient:
         for k, v in pairs:
             op = next(self.opaques)
             ops.append(op)
-            buf += codec.request(Opcode.SET, vbucket=self.vb(k), opaque=op,
-                                 extras=codec.store_extras(0, 0), key=k, value=v)
+            buf += codec.request(
+                Opcode.SET,
+                vbucket=self.vb(k),
+                opaque=op,
+                extras=codec.store_extras(0, 0),
+                key=k,
+                value=v,
+            )
         await self.send(bytes(buf))
         out = []
         others: list[Frame] = []
@@ -134,13 +156,15 @@ class WireClient:
 
     async def delete(self, key: bytes, cas: int = 0) -> Frame:
         op = next(self.opaques)
-        return await self.call(codec.request(Opcode.DELETE, vbucket=self.vb(key), opaque=op,
-                                             cas=cas, key=key), op)
+        return await self.call(
+            codec.request(Opcode.DELETE, vbucket=self.vb(key), opaque=op, cas=cas, key=key), op
+        )
 
     async def get(self, key: bytes) -> Frame:
         op = next(self.opaques)
-        return await self.call(codec.request(Opcode.GET, vbucket=self.vb(key), opaque=op,
-                                             key=key), op)
+        return await self.call(
+            codec.request(Opcode.GET, vbucket=self.vb(key), opaque=op, key=key), op
+        )
 
     async def stats(self, group: str = "") -> dict[str, str]:
         op = next(self.opaques)
@@ -168,15 +192,29 @@ class WireClient:
         op = next(self.opaques)
         return await self.call(codec.dcp_control(key, value, op), op)
 
-    async def stream_req(self, vb: int, *, start: int = 0, end: int = 2**64 - 1,
-                         uuid: int = 0, snap_start: int | None = None,
-                         snap_end: int | None = None, flags: int = 0,
-                         opaque: int | None = None) -> Frame:
+    async def stream_req(
+        self,
+        vb: int,
+        *,
+        start: int = 0,
+        end: int = 2**64 - 1,
+        uuid: int = 0,
+        snap_start: int | None = None,
+        snap_end: int | None = None,
+        flags: int = 0,
+        opaque: int | None = None,
+    ) -> Frame:
         op = next(self.opaques) if opaque is None else opaque
         frame = codec.stream_request(
-            vb, op, flags=flags, start=start, end=end, vb_uuid=uuid,
+            vb,
+            op,
+            flags=flags,
+            start=start,
+            end=end,
+            vb_uuid=uuid,
             snap_start=start if snap_start is None else snap_start,
-            snap_end=start if snap_end is None else snap_end)
+            snap_end=start if snap_end is None else snap_end,
+        )
         return await self.call(frame, op)
 
     async def ack_all(self, frames: list[Frame]) -> None:
@@ -185,8 +223,9 @@ class WireClient:
             self.acked += n
             await self.send(codec.buffer_ack(n))
 
-    async def read_stream_until(self, pred: Callable[[Frame], bool], timeout: float = 10.0,
-                                ack: bool = False) -> list[Frame]:
+    async def read_stream_until(
+        self, pred: Callable[[Frame], bool], timeout: float = 10.0, ack: bool = False
+    ) -> list[Frame]:
         """Read producer frames until ``pred(frame)``; answers noops; optionally acks."""
         out: list[Frame] = []
         with trio.fail_after(timeout):
@@ -216,8 +255,9 @@ def items_of(frames: list[Frame]) -> list[tuple[int, int, bytes, bytes]]:
 
 
 def markers_of(frames: list[Frame]) -> list[tuple[int, int, int]]:
-    return [codec.parse_snapshot_marker(f)[:3] for f in frames
-            if f.opcode == Opcode.DCP_SNAPSHOT_MARKER]
+    return [
+        codec.parse_snapshot_marker(f)[:3] for f in frames if f.opcode == Opcode.DCP_SNAPSHOT_MARKER
+    ]
 
 
 def keys_for_vb(vb: int, n: int, num_vbuckets: int, prefix: str = "k") -> list[bytes]:

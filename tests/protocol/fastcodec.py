@@ -51,36 +51,76 @@ def encode(f: dict) -> bytes:
     if magic == Magic.ALT_REQUEST:
         # Encode the classic frame, then move its parts behind the frame infos.
         inner = decode_frame(encode({**f, "magic": int(Magic.REQUEST), "framing_extras": []}))
-        return codec.request(op, vbucket=inner.vbucket, opaque=inner.opaque, cas=inner.cas,
-                             datatype=inner.datatype, extras=inner.extras, key=inner.key,
-                             value=inner.value, framing_extras=_frame_infos(f["framing_extras"]))
+        return codec.request(
+            op,
+            vbucket=inner.vbucket,
+            opaque=inner.opaque,
+            cas=inner.cas,
+            datatype=inner.datatype,
+            extras=inner.extras,
+            key=inner.key,
+            value=inner.value,
+            framing_extras=_frame_infos(f["framing_extras"]),
+        )
     vb, opaque, cas = f.get("vbucket", 0), f.get("opaque", 0), f.get("cas", 0)
     dt, key, value = f.get("datatype", 0), f.get("key", b""), f.get("value", b"")
     ex = f.get("extras")
     if magic == Magic.REQUEST:
         if op == Opcode.DCP_MUTATION:
             _zero(ex, "nmeta", "nru")
-            return codec.mutation(vb, opaque, ex["by_seqno"], ex["rev_seqno"], key, value, cas=cas,
-                                  datatype=dt, flags=ex["flags"], expiry=ex["expiration"],
-                                  lock_time=ex["lock_time"])
+            return codec.mutation(
+                vb,
+                opaque,
+                ex["by_seqno"],
+                ex["rev_seqno"],
+                key,
+                value,
+                cas=cas,
+                datatype=dt,
+                flags=ex["flags"],
+                expiry=ex["expiration"],
+                lock_time=ex["lock_time"],
+            )
         if op == Opcode.DCP_DELETION:
             _zero(ex, "nmeta", "unused")
-            return codec.deletion(vb, opaque, ex["by_seqno"], ex["rev_seqno"], key, cas=cas,
-                                  datatype=dt, value=value, delete_time=ex.get("delete_time"))
+            return codec.deletion(
+                vb,
+                opaque,
+                ex["by_seqno"],
+                ex["rev_seqno"],
+                key,
+                cas=cas,
+                datatype=dt,
+                value=value,
+                delete_time=ex.get("delete_time"),
+            )
         if op == Opcode.DCP_EXPIRATION:
             assert dt == 0 and not value, "codec.expiration has no datatype or value"
-            return codec.expiration(vb, opaque, ex["by_seqno"], ex["rev_seqno"], key, cas=cas,
-                                    delete_time=ex["delete_time"])
+            return codec.expiration(
+                vb,
+                opaque,
+                ex["by_seqno"],
+                ex["rev_seqno"],
+                key,
+                cas=cas,
+                delete_time=ex["delete_time"],
+            )
         if op == Opcode.DCP_SNAPSHOT_MARKER:
             assert cas == 0 and dt == 0
             if "version" in ex:
                 assert ex["version"] == 0, "the codec builds V2.0 only"
                 return codec.snapshot_marker(
-                    vb, opaque, value["start_seqno"], value["end_seqno"], value["flags"],
+                    vb,
+                    opaque,
+                    value["start_seqno"],
+                    value["end_seqno"],
+                    value["flags"],
                     max_visible_seqno=value["max_visible_seqno"],
-                    high_completed_seqno=value["high_completed_seqno"])
-            return codec.snapshot_marker(vb, opaque, ex["start_seqno"], ex["end_seqno"],
-                                         ex["flags"])
+                    high_completed_seqno=value["high_completed_seqno"],
+                )
+            return codec.snapshot_marker(
+                vb, opaque, ex["start_seqno"], ex["end_seqno"], ex["flags"]
+            )
         if op == Opcode.DCP_BUFFER_ACK:
             assert vb == 0 and cas == 0
             return codec.buffer_ack(ex["bytes_to_ack"], opaque)
@@ -96,9 +136,16 @@ def encode(f: dict) -> bytes:
         if op == Opcode.DCP_STREAM_REQ:
             _zero(ex, "reserved")
             return codec.stream_request(
-                vb, opaque, flags=ex["flags"], start=ex["start_seqno"], end=ex["end_seqno"],
-                vb_uuid=ex["vb_uuid"], snap_start=ex["snap_start_seqno"],
-                snap_end=ex["snap_end_seqno"], value=value)
+                vb,
+                opaque,
+                flags=ex["flags"],
+                start=ex["start_seqno"],
+                end=ex["end_seqno"],
+                vb_uuid=ex["vb_uuid"],
+                snap_start=ex["snap_start_seqno"],
+                snap_end=ex["snap_end_seqno"],
+                value=value,
+            )
         if op == Opcode.HELLO:
             return codec.hello(key.decode(), value, opaque)
         if op == Opcode.GET_ALL_VB_SEQNOS:
@@ -108,10 +155,26 @@ def encode(f: dict) -> bytes:
             return codec.request(op, opaque=opaque, extras=extras)
         if op in STORE_OPS:
             extras = codec.store_extras(ex["flags"], ex["expiration"])
-            return codec.request(op, vbucket=vb, opaque=opaque, cas=cas, datatype=dt,
-                                 extras=extras, key=key, value=value)
-        return codec.request(op, vbucket=vb, opaque=opaque, cas=cas, datatype=dt,
-                             extras=ex or b"", key=key, value=value)
+            return codec.request(
+                op,
+                vbucket=vb,
+                opaque=opaque,
+                cas=cas,
+                datatype=dt,
+                extras=extras,
+                key=key,
+                value=value,
+            )
+        return codec.request(
+            op,
+            vbucket=vb,
+            opaque=opaque,
+            cas=cas,
+            datatype=dt,
+            extras=ex or b"",
+            key=key,
+            value=value,
+        )
     if magic == Magic.RESPONSE:
         status = f.get("status", 0)
         extras = ex or b""
@@ -127,10 +190,20 @@ def encode(f: dict) -> bytes:
             value = codec.all_vb_seqnos_value([(e["vbucket"], e["seqno"]) for e in value])
         elif status == Status.SUCCESS and op == Opcode.HELLO:
             value = b"".join(codec.U16.pack(x) for x in value)
-        return codec.response(op, status, opaque=opaque, cas=cas, datatype=dt, extras=extras,
-                              key=key, value=value)
-    return encode_frame(magic, op, vbucket=f.get("vbucket", f.get("status", 0)), opaque=opaque,
-                        cas=cas, datatype=dt, extras=ex or b"", key=key, value=value)
+        return codec.response(
+            op, status, opaque=opaque, cas=cas, datatype=dt, extras=extras, key=key, value=value
+        )
+    return encode_frame(
+        magic,
+        op,
+        vbucket=f.get("vbucket", f.get("status", 0)),
+        opaque=opaque,
+        cas=cas,
+        datatype=dt,
+        extras=ex or b"",
+        key=key,
+        value=value,
+    )
 
 
 def decode_frame(data: bytes) -> Frame:
@@ -162,15 +235,29 @@ def _request_extras_value(fr: Frame) -> tuple[object, object]:
     if op == Opcode.DCP_MUTATION:
         by, rev, flags, exp, lock = codec.parse_mutation(fr)
         *_, nmeta, nru = codec.MUTATION_EXTRAS.unpack(ex)
-        return {"by_seqno": by, "rev_seqno": rev, "flags": flags, "expiration": exp,
-                "lock_time": lock, "nmeta": nmeta, "nru": nru}, value
+        return {
+            "by_seqno": by,
+            "rev_seqno": rev,
+            "flags": flags,
+            "expiration": exp,
+            "lock_time": lock,
+            "nmeta": nmeta,
+            "nru": nru,
+        }, value
     if op == Opcode.DCP_DELETION:
         by, rev, dt = codec.parse_deletion(fr)
         if dt is None:
-            return {"by_seqno": by, "rev_seqno": rev,
-                    "nmeta": codec.DELETION_V1_EXTRAS.unpack(ex)[2]}, value
-        return {"by_seqno": by, "rev_seqno": rev, "delete_time": dt,
-                "unused": codec.DELETION_V2_EXTRAS.unpack(ex)[3]}, value
+            return {
+                "by_seqno": by,
+                "rev_seqno": rev,
+                "nmeta": codec.DELETION_V1_EXTRAS.unpack(ex)[2],
+            }, value
+        return {
+            "by_seqno": by,
+            "rev_seqno": rev,
+            "delete_time": dt,
+            "unused": codec.DELETION_V2_EXTRAS.unpack(ex)[3],
+        }, value
     if op == Opcode.DCP_EXPIRATION:
         by, rev, dt = codec.parse_expiration(fr)
         return {"by_seqno": by, "rev_seqno": rev, "delete_time": dt}, value
@@ -178,8 +265,13 @@ def _request_extras_value(fr: Frame) -> tuple[object, object]:
         s, e, flags, mvs, hcs = codec.parse_snapshot_marker(fr)
         if mvs is None:
             return {"start_seqno": s, "end_seqno": e, "flags": flags}, value
-        return {"version": ex[0]}, {"start_seqno": s, "end_seqno": e, "flags": flags,
-                                    "max_visible_seqno": mvs, "high_completed_seqno": hcs}
+        return {"version": ex[0]}, {
+            "start_seqno": s,
+            "end_seqno": e,
+            "flags": flags,
+            "max_visible_seqno": mvs,
+            "high_completed_seqno": hcs,
+        }
     if op == Opcode.DCP_BUFFER_ACK:
         return {"bytes_to_ack": codec.parse_buffer_ack(fr)}, value
     if op == Opcode.DCP_STREAM_END:
@@ -191,10 +283,15 @@ def _request_extras_value(fr: Frame) -> tuple[object, object]:
         return {"seqno": codec.OPEN_EXTRAS.unpack(ex)[0], "flags": flags}, value
     if op == Opcode.DCP_STREAM_REQ:
         sr = codec.parse_stream_request(fr)
-        return {"flags": sr.flags, "reserved": codec.STREAM_REQ_EXTRAS.unpack(ex)[1],
-                "start_seqno": sr.start_seqno, "end_seqno": sr.end_seqno, "vb_uuid": sr.vb_uuid,
-                "snap_start_seqno": sr.snap_start_seqno,
-                "snap_end_seqno": sr.snap_end_seqno}, sr.value
+        return {
+            "flags": sr.flags,
+            "reserved": codec.STREAM_REQ_EXTRAS.unpack(ex)[1],
+            "start_seqno": sr.start_seqno,
+            "end_seqno": sr.end_seqno,
+            "vb_uuid": sr.vb_uuid,
+            "snap_start_seqno": sr.snap_start_seqno,
+            "snap_end_seqno": sr.snap_end_seqno,
+        }, sr.value
     if op in STORE_OPS:
         flags, exp = codec.parse_store_extras(fr)
         return {"flags": flags, "expiration": exp}, value
@@ -237,10 +334,16 @@ def decode(data: bytes) -> dict:
     fr = decode_frame(data)
     response = fr.magic in RESPONSE_MAGIC
     out: dict = {
-        "magic": fr.magic, "opcode": fr.opcode, "framing_extras_length": len(fr.framing_extras),
-        "key_length": len(fr.key), "extras_length": len(fr.extras), "datatype": fr.datatype,
+        "magic": fr.magic,
+        "opcode": fr.opcode,
+        "framing_extras_length": len(fr.framing_extras),
+        "key_length": len(fr.key),
+        "extras_length": len(fr.extras),
+        "datatype": fr.datatype,
         ("status" if fr.is_response else "vbucket"): fr.vbucket,
-        "body_length": fr.size - HEADER_SIZE, "opaque": fr.opaque, "cas": fr.cas,
+        "body_length": fr.size - HEADER_SIZE,
+        "opaque": fr.opaque,
+        "cas": fr.cas,
     }
     if fr.magic in (Magic.ALT_REQUEST, Magic.ALT_RESPONSE):
         out["framing_extras"] = _decode_frame_infos(fr)

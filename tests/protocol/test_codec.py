@@ -34,8 +34,7 @@ def test_vbucket_for_key_refuses_a_vbucket_count_that_is_not_a_power_of_two(n):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 15 + 0xFF), st.binary(max_size=15 + 0xFF)),
-                max_size=4))
+@given(st.lists(st.tuples(st.integers(0, 15 + 0xFF), st.binary(max_size=15 + 0xFF)), max_size=4))
 def test_frame_infos_round_trip_including_nibble_escapes(infos):
     data = encode_frame_infos(infos)
     assert parse_frame_infos(data) == infos
@@ -45,10 +44,18 @@ def test_frame_infos_round_trip_including_nibble_escapes(infos):
     assert spec.to_plain(spec.FrameInfos.parse(encode_frame_infos(typed))) == as_spec
 
 
-@pytest.mark.parametrize(("fid", "n", "head"), [
-    (2, 2, b"\x22"), (14, 14, b"\xee"), (15, 0, b"\xf0\x00"), (16, 3, b"\xf3\x01"),
-    (3, 15, b"\x3f\x00"), (3, 20, b"\x3f\x05"), (20, 270, b"\xff\x05\xff"),
-])
+@pytest.mark.parametrize(
+    ("fid", "n", "head"),
+    [
+        (2, 2, b"\x22"),
+        (14, 14, b"\xee"),
+        (15, 0, b"\xf0\x00"),
+        (16, 3, b"\xf3\x01"),
+        (3, 15, b"\x3f\x00"),
+        (3, 20, b"\x3f\x05"),
+        (20, 270, b"\xff\x05\xff"),
+    ],
+)
 def test_frame_info_escapes_put_id_then_length_after_the_first_byte(fid, n, head):
     assert encode_frame_infos([(fid, bytes(n))]) == head + bytes(n)
 
@@ -69,13 +76,13 @@ def test_stream_id_frame_info_is_the_three_bytes_0x22_hi_lo():
     assert codec.stream_id_frame_info(0x0102) == b"\x22\x01\x02"
 
 
-@pytest.mark.parametrize(("timeout", "encoded"), [(None, b"\x11\x03"),
-                                                  (2500, b"\x13\x03\x09\xc4")])
+@pytest.mark.parametrize(("timeout", "encoded"), [(None, b"\x11\x03"), (2500, b"\x13\x03\x09\xc4")])
 def test_durability_frame_info_carries_the_level_and_an_optional_timeout(timeout, encoded):
     fe = codec.durability_frame_info(DurabilityLevel.PERSIST_TO_MAJORITY, timeout)
     assert fe == encoded
-    frame = decode_frame(codec.request(Opcode.SET, extras=codec.store_extras(), key=b"k",
-                                       framing_extras=fe))
+    frame = decode_frame(
+        codec.request(Opcode.SET, extras=codec.store_extras(), key=b"k", framing_extras=fe)
+    )
     assert frame.magic == 0x08
     assert codec.parse_durability(frame) == DurabilityLevel.PERSIST_TO_MAJORITY
 
@@ -107,8 +114,9 @@ _BAD_BUILDS = {
     "negative delete time": lambda: codec.expiration(0, 0, 1, 0, b"k", delete_time=-1),
     "snapshot start after end": lambda: codec.snapshot_marker(0, 0, 5, 4, 1),
     "marker flags above uint32": lambda: codec.snapshot_marker(0, 0, 1, 2, 2**32),
-    "negative max visible seqno": lambda: codec.snapshot_marker(0, 0, 1, 2, 1,
-                                                                max_visible_seqno=-1),
+    "negative max visible seqno": lambda: codec.snapshot_marker(
+        0, 0, 1, 2, 1, max_visible_seqno=-1
+    ),
     "buffer ack above uint32": lambda: codec.buffer_ack(2**32),
     "negative opaque": lambda: codec.buffer_ack(1, -1),
     "negative stream end status": lambda: codec.stream_end(0, 0, -1),
@@ -128,8 +136,9 @@ _BAD_BUILDS = {
     "hello feature above uint16": lambda: codec.hello("agent", [65536]),
     "extras above 255 bytes": lambda: codec.request(Opcode.SET, extras=bytes(256)),
     "framing extras without alt magic": lambda: encode_frame(0x80, 0x01, framing_extras=b"\x11"),
-    "alt key above 255 bytes": lambda: codec.request(Opcode.SET, key=bytes(256),
-                                                     framing_extras=b"\x11\x01"),
+    "alt key above 255 bytes": lambda: codec.request(
+        Opcode.SET, key=bytes(256), framing_extras=b"\x11\x01"
+    ),
     "status above uint16": lambda: codec.response(Opcode.GET, 65536),
     "mutation body with negative rev": lambda: codec.mutation_body(1, -1, 0, 0, b"k", b""),
     "header with negative cas": lambda: codec.dcp_header(0x57, 0, 0, 0, 0, 0, 0, -1),
@@ -145,28 +154,48 @@ def test_builders_refuse_bad_input_with_local_protocol_error(build):
 # --------------------------------------------------------------------------- parsers
 
 _BAD_FRAMES = {
-    "mutation with 20-byte extras": (codec.parse_mutation, encode_frame(0x80, 0x57,
-                                                                       extras=bytes(20))),
-    "deletion with 19-byte extras": (codec.parse_deletion, encode_frame(0x80, 0x58,
-                                                                       extras=bytes(19))),
-    "expiration with 18-byte extras": (codec.parse_expiration, encode_frame(0x80, 0x59,
-                                                                           extras=bytes(18))),
-    "marker with 12-byte extras": (codec.parse_snapshot_marker, encode_frame(0x80, 0x56,
-                                                                            extras=bytes(12))),
-    "marker v2.0 with a 35-byte value": (codec.parse_snapshot_marker, encode_frame(
-        0x80, 0x56, extras=b"\x00", value=bytes(35))),
-    "marker version 1": (codec.parse_snapshot_marker, encode_frame(0x80, 0x56, extras=b"\x01",
-                                                                  value=bytes(36))),
+    "mutation with 20-byte extras": (
+        codec.parse_mutation,
+        encode_frame(0x80, 0x57, extras=bytes(20)),
+    ),
+    "deletion with 19-byte extras": (
+        codec.parse_deletion,
+        encode_frame(0x80, 0x58, extras=bytes(19)),
+    ),
+    "expiration with 18-byte extras": (
+        codec.parse_expiration,
+        encode_frame(0x80, 0x59, extras=bytes(18)),
+    ),
+    "marker with 12-byte extras": (
+        codec.parse_snapshot_marker,
+        encode_frame(0x80, 0x56, extras=bytes(12)),
+    ),
+    "marker v2.0 with a 35-byte value": (
+        codec.parse_snapshot_marker,
+        encode_frame(0x80, 0x56, extras=b"\x00", value=bytes(35)),
+    ),
+    "marker version 1": (
+        codec.parse_snapshot_marker,
+        encode_frame(0x80, 0x56, extras=b"\x01", value=bytes(36)),
+    ),
     "buffer ack without extras": (codec.parse_buffer_ack, encode_frame(0x80, 0x5D)),
-    "stream end with 8-byte extras": (codec.parse_stream_end, encode_frame(0x80, 0x55,
-                                                                          extras=bytes(8))),
+    "stream end with 8-byte extras": (
+        codec.parse_stream_end,
+        encode_frame(0x80, 0x55, extras=bytes(8)),
+    ),
     "open without a name": (codec.parse_open, encode_frame(0x80, 0x50, extras=bytes(8))),
-    "stream request with a key": (codec.parse_stream_request, encode_frame(
-        0x80, 0x53, extras=bytes(48), key=b"x")),
-    "set with 4-byte extras": (codec.parse_store_extras, encode_frame(0x80, 0x01,
-                                                                     extras=bytes(4), key=b"k")),
-    "write response with 8-byte extras": (codec.parse_mutation_seqno, encode_frame(
-        0x81, 0x01, extras=bytes(8))),
+    "stream request with a key": (
+        codec.parse_stream_request,
+        encode_frame(0x80, 0x53, extras=bytes(48), key=b"x"),
+    ),
+    "set with 4-byte extras": (
+        codec.parse_store_extras,
+        encode_frame(0x80, 0x01, extras=bytes(4), key=b"k"),
+    ),
+    "write response with 8-byte extras": (
+        codec.parse_mutation_seqno,
+        encode_frame(0x81, 0x01, extras=bytes(8)),
+    ),
 }
 
 
@@ -179,13 +208,15 @@ def test_parsers_refuse_wrong_extras_with_remote_protocol_error(parse, data):
 
 
 def test_stream_request_round_trips_through_its_event_class():
-    req = codec.StreamRequest(vbucket=5, opaque=9, start_seqno=10, snap_start_seqno=10,
-                              snap_end_seqno=10, vb_uuid=77)
+    req = codec.StreamRequest(
+        vbucket=5, opaque=9, start_seqno=10, snap_start_seqno=10, snap_end_seqno=10, vb_uuid=77
+    )
     assert codec.parse_stream_request(decode_frame(req.encode())) == req
 
 
 def test_mutation_body_after_dcp_header_equals_the_one_shot_mutation():
     body = codec.mutation_body(7, 3, 0xDEADBEEF, 0, b"doc-1", b"{}")
     head = codec.dcp_header(Opcode.DCP_MUTATION, 5, 31, 1, 5, len(body), 0x2A, 99)
-    assert head + body == codec.mutation(5, 0x2A, 7, 3, b"doc-1", b"{}", cas=99, datatype=1,
-                                         flags=0xDEADBEEF)
+    assert head + body == codec.mutation(
+        5, 0x2A, 7, 3, b"doc-1", b"{}", cas=99, datatype=1, flags=0xDEADBEEF
+    )

@@ -14,8 +14,7 @@ from tools.strategies import KINDS, u8, u16, u32, u64, untyped_frames
 
 from . import fastcodec
 
-SETTINGS = settings(max_examples=80, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _given_fields(fields: dict, built: dict) -> None:
@@ -53,24 +52,51 @@ def test_frames_of_untyped_opcodes_are_split_by_lengths_alike(fields):
 
 
 @SETTINGS
-@given(magic=st.sampled_from([0x80, 0x81, 0x82, 0x83]), opcode=u8, keylen=u16, extlen=u8,
-       datatype=u8, vb=u16, body=u32, opaque=u32, cas=u64)
-def test_header_layout_is_the_same_in_both_codecs(magic, opcode, keylen, extlen, datatype, vb,
-                                                  body, opaque, cas):
+@given(
+    magic=st.sampled_from([0x80, 0x81, 0x82, 0x83]),
+    opcode=u8,
+    keylen=u16,
+    extlen=u8,
+    datatype=u8,
+    vb=u16,
+    body=u32,
+    opaque=u32,
+    cas=u64,
+)
+def test_header_layout_is_the_same_in_both_codecs(
+    magic, opcode, keylen, extlen, datatype, vb, body, opaque, cas
+):
     raw = HEADER.pack(magic, opcode, keylen, extlen, datatype, vb, body, opaque, cas)
     parsed = spec.Header.parse(raw)
-    assert (parsed.magic, parsed.opcode, parsed.key_length, parsed.extras_length,
-            parsed.datatype, parsed.body_length, parsed.opaque, parsed.cas) == (
-        magic, opcode, keylen, extlen, datatype, body, opaque, cas)
+    assert (
+        parsed.magic,
+        parsed.opcode,
+        parsed.key_length,
+        parsed.extras_length,
+        parsed.datatype,
+        parsed.body_length,
+        parsed.opaque,
+        parsed.cas,
+    ) == (magic, opcode, keylen, extlen, datatype, body, opaque, cas)
     assert (parsed.status if magic in (0x81, 0x83) else parsed.vbucket) == vb
     assert spec.Header.build(parsed) == raw
 
 
 @SETTINGS
-@given(magic=st.sampled_from([0x08, 0x18]), opcode=u8, fel=u8, keylen=u8, extlen=u8, vb=u16,
-       body=u32, opaque=u32, cas=u64)
+@given(
+    magic=st.sampled_from([0x08, 0x18]),
+    opcode=u8,
+    fel=u8,
+    keylen=u8,
+    extlen=u8,
+    vb=u16,
+    body=u32,
+    opaque=u32,
+    cas=u64,
+)
 def test_alt_header_puts_framing_extras_and_key_length_in_bytes_2_and_3(
-        magic, opcode, fel, keylen, extlen, vb, body, opaque, cas):
+    magic, opcode, fel, keylen, extlen, vb, body, opaque, cas
+):
     raw = HEADER.pack(magic, opcode, (fel << 8) | keylen, extlen, 0, vb, body, opaque, cas)
     parsed = spec.Header.parse(raw)
     assert (parsed.framing_extras_length, parsed.key_length) == (fel, keylen)
@@ -95,8 +121,11 @@ _TYPED = [
 ]
 
 
-@pytest.mark.parametrize(("parser", "opcode", "magic", "legal"), _TYPED,
-                         ids=[f"{p.__name__}-0x{o:02x}" for p, o, _, _ in _TYPED])
+@pytest.mark.parametrize(
+    ("parser", "opcode", "magic", "legal"),
+    _TYPED,
+    ids=[f"{p.__name__}-0x{o:02x}" for p, o, _, _ in _TYPED],
+)
 @settings(max_examples=25, deadline=None)
 @given(extlen=st.integers(0, 60), data=st.data())
 def test_both_codecs_refuse_a_wrong_extras_length(parser, opcode, magic, legal, extlen, data):
@@ -111,13 +140,21 @@ def test_both_codecs_refuse_a_wrong_extras_length(parser, opcode, magic, legal, 
         parser(fastcodec.decode_frame(frame_bytes))
 
 
-@pytest.mark.parametrize(("value_len", "parser"), [
-    (20, codec.parse_failover_log), (15, codec.parse_failover_log),
-    (11, codec.parse_all_vb_seqnos), (3, codec.parse_hello_features),
-])
+@pytest.mark.parametrize(
+    ("value_len", "parser"),
+    [
+        (20, codec.parse_failover_log),
+        (15, codec.parse_failover_log),
+        (11, codec.parse_all_vb_seqnos),
+        (3, codec.parse_hello_features),
+    ],
+)
 def test_both_codecs_refuse_a_list_value_of_the_wrong_size(value_len, parser):
-    opcode = {codec.parse_failover_log: 0x54, codec.parse_all_vb_seqnos: 0x48,
-              codec.parse_hello_features: 0x1F}[parser]
+    opcode = {
+        codec.parse_failover_log: 0x54,
+        codec.parse_all_vb_seqnos: 0x48,
+        codec.parse_hello_features: 0x1F,
+    }[parser]
     frame_bytes = codec.response(opcode, value=bytes(value_len))
     with pytest.raises(ConstructError):
         spec.parse_frame(frame_bytes)

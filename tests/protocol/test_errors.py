@@ -32,22 +32,25 @@ def test_local_and_remote_tiers_are_distinct():
     assert not issubclass(RemoteProtocolError, LocalProtocolError)
 
 
-@pytest.mark.parametrize(("status", "cls", "retriable"), [
-    (Status.KEY_ENOENT, errors.KeyNotFound, False),
-    (Status.KEY_EEXISTS, errors.KeyExists, False),
-    (Status.E2BIG, errors.TooBig, False),
-    (Status.EINVAL, errors.InvalidArguments, False),
-    (Status.NOT_STORED, errors.NotStored, False),
-    (Status.NOT_MY_VBUCKET, errors.NotMyVbucket, True),
-    (Status.ERANGE, errors.RangeError, False),
-    (Status.ROLLBACK, RollbackRequired, False),
-    (Status.UNKNOWN_COMMAND, errors.UnknownCommand, False),
-    (Status.ENOMEM, errors.OutOfMemory, True),
-    (Status.NOT_SUPPORTED, errors.NotSupported, False),
-    (Status.ETMPFAIL, errors.TemporaryFailure, True),
-    (Status.EBUSY, errors.TemporaryFailure, True),
-    (Status.DCP_STREAMID_INVALID, errors.DcpStreamIdInvalid, False),
-])
+@pytest.mark.parametrize(
+    ("status", "cls", "retriable"),
+    [
+        (Status.KEY_ENOENT, errors.KeyNotFound, False),
+        (Status.KEY_EEXISTS, errors.KeyExists, False),
+        (Status.E2BIG, errors.TooBig, False),
+        (Status.EINVAL, errors.InvalidArguments, False),
+        (Status.NOT_STORED, errors.NotStored, False),
+        (Status.NOT_MY_VBUCKET, errors.NotMyVbucket, True),
+        (Status.ERANGE, errors.RangeError, False),
+        (Status.ROLLBACK, RollbackRequired, False),
+        (Status.UNKNOWN_COMMAND, errors.UnknownCommand, False),
+        (Status.ENOMEM, errors.OutOfMemory, True),
+        (Status.NOT_SUPPORTED, errors.NotSupported, False),
+        (Status.ETMPFAIL, errors.TemporaryFailure, True),
+        (Status.EBUSY, errors.TemporaryFailure, True),
+        (Status.DCP_STREAMID_INVALID, errors.DcpStreamIdInvalid, False),
+    ],
+)
 def test_for_status_maps_each_status_to_its_class(status, cls, retriable):
     err = for_status(status)
     assert type(err) is cls

@@ -18,8 +18,9 @@ from . import fastcodec
 SMALL_LIMIT = 512
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-valid_frames = st.lists(st.sampled_from(list(KINDS)).flatmap(lambda k: KINDS[k]), min_size=1,
-                        max_size=8)
+valid_frames = st.lists(
+    st.sampled_from(list(KINDS)).flatmap(lambda k: KINDS[k]), min_size=1, max_size=8
+)
 
 
 def _stream(frames_fields: list[dict]) -> bytes:
@@ -51,21 +52,27 @@ def _feed_all(reader: FrameReader, chunks: list[bytes]) -> list:
 #: shorter or longer than the header says: exercises the length checks, not just the magic.
 plausible_streams = st.lists(
     st.builds(
-        lambda magic, opcode, kl, el, body, rest: HEADER.pack(magic, opcode, kl, el, 0, 0, body,
-                                                              0, 0) + rest,
-        st.sampled_from([0x80, 0x81, 0x08, 0x18, 0x82, 0x83]), st.integers(0, 255),
-        st.integers(0, 0xFFFF), st.integers(0, 255), st.integers(0, 700),
-        st.binary(max_size=300)),
+        lambda magic, opcode, kl, el, body, rest: (
+            HEADER.pack(magic, opcode, kl, el, 0, 0, body, 0, 0) + rest
+        ),
+        st.sampled_from([0x80, 0x81, 0x08, 0x18, 0x82, 0x83]),
+        st.integers(0, 255),
+        st.integers(0, 0xFFFF),
+        st.integers(0, 255),
+        st.integers(0, 700),
+        st.binary(max_size=300),
+    ),
     max_size=6,
 ).map(b"".join)
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=2000), plausible_streams),
-       points=st.lists(st.integers(0, 2000), max_size=12),
-       limit=st.sampled_from([0, 24, SMALL_LIMIT, 1 << 20]))
-def test_random_bytes_give_frames_or_a_remote_protocol_error_and_nothing_else(data, points,
-                                                                              limit):
+@given(
+    data=st.one_of(st.binary(max_size=2000), plausible_streams),
+    points=st.lists(st.integers(0, 2000), max_size=12),
+    limit=st.sampled_from([0, 24, SMALL_LIMIT, 1 << 20]),
+)
+def test_random_bytes_give_frames_or_a_remote_protocol_error_and_nothing_else(data, points, limit):
     reader = FrameReader(max_body_size=limit)
     try:
         frames = _feed_all(reader, _cuts(data, points))
@@ -90,7 +97,7 @@ def test_any_split_of_a_valid_stream_gives_the_same_frames(frames_fields, points
     chunked = _feed_all(FrameReader(), _cuts(data, points))
     assert chunked == expected
 
-    one_byte_at_a_time = _feed_all(FrameReader(), [data[i:i + 1] for i in range(len(data))])
+    one_byte_at_a_time = _feed_all(FrameReader(), [data[i : i + 1] for i in range(len(data))])
     assert one_byte_at_a_time == expected
 
 
@@ -109,11 +116,16 @@ def test_a_truncated_stream_keeps_the_tail_buffered_until_the_rest_arrives(frame
 
 
 @FUZZ
-@given(frames_fields=valid_frames, which=st.integers(0, 7), offset=st.sampled_from(
-    [0, 2, 3, 4, 8, 9, 10, 11]), flip=st.integers(1, 255), points=st.lists(
-    st.integers(0, 5000), max_size=6))
-def test_flipped_header_bytes_never_escape_as_another_error(frames_fields, which, offset, flip,
-                                                            points):
+@given(
+    frames_fields=valid_frames,
+    which=st.integers(0, 7),
+    offset=st.sampled_from([0, 2, 3, 4, 8, 9, 10, 11]),
+    flip=st.integers(1, 255),
+    points=st.lists(st.integers(0, 5000), max_size=6),
+)
+def test_flipped_header_bytes_never_escape_as_another_error(
+    frames_fields, which, offset, flip, points
+):
     data = bytearray(_stream(frames_fields))
     # Find the start of frame number `which` (mod count) and corrupt one header byte.
     starts, pos = [], 0

@@ -21,8 +21,9 @@ from . import fastcodec
 from .test_frame_reader import plausible_streams
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-frame_lists = st.lists(st.sampled_from(list(KINDS)).flatmap(lambda k: KINDS[k]).map(
-    fastcodec.encode), max_size=10)
+frame_lists = st.lists(
+    st.sampled_from(list(KINDS)).flatmap(lambda k: KINDS[k]).map(fastcodec.encode), max_size=10
+)
 
 
 def _cuts(data: bytes, points: list[int]) -> list[bytes]:
@@ -56,11 +57,13 @@ def test_any_split_gives_the_frame_reader_frames_and_no_replies(frames, points):
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=2000), plausible_streams),
-       points=st.lists(st.integers(0, 2000), max_size=12),
-       limit=st.sampled_from([0, 24, 512, 1 << 20]))
+@given(
+    data=st.one_of(st.binary(max_size=2000), plausible_streams),
+    points=st.lists(st.integers(0, 2000), max_size=12),
+    limit=st.sampled_from([0, 24, 512, 1 << 20]),
+)
 def test_hostile_bytes_are_refused_exactly_when_frame_reader_refuses_them(data, points, limit):
-    bytewise = [data[i:i + 1] for i in range(len(data))]  # the frames before a bad one too
+    bytewise = [data[i : i + 1] for i in range(len(data))]  # the frames before a bad one too
     want, ok = _read(FrameReader(max_body_size=limit), bytewise)
     got, session_ok = _read(RawSession(max_body_size=limit), _cuts(data, points))
     assert (session_ok, got) == (ok, want)
@@ -68,11 +71,19 @@ def test_hostile_bytes_are_refused_exactly_when_frame_reader_refuses_them(data, 
 
 def test_dcp_traffic_comes_out_raw_and_unanswered():
     s = RawSession()
-    data = (codec.request(Opcode.DCP_NOOP, opaque=5) + codec.snapshot_marker(0, 9, 1, 2, 1)
-            + codec.mutation(0, 9, 1, 1, b"k", b"v") + codec.response(Opcode.GET, opaque=3))
+    data = (
+        codec.request(Opcode.DCP_NOOP, opaque=5)
+        + codec.snapshot_marker(0, 9, 1, 2, 1)
+        + codec.mutation(0, 9, 1, 1, b"k", b"v")
+        + codec.response(Opcode.GET, opaque=3)
+    )
     got = s.receive_data(data)
-    assert [f.opcode for f in got] == [Opcode.DCP_NOOP, Opcode.DCP_SNAPSHOT_MARKER,
-                                       Opcode.DCP_MUTATION, Opcode.GET]
+    assert [f.opcode for f in got] == [
+        Opcode.DCP_NOOP,
+        Opcode.DCP_SNAPSHOT_MARKER,
+        Opcode.DCP_MUTATION,
+        Opcode.GET,
+    ]
     assert s.data_to_send() == b""
     with pytest.raises(LocalProtocolError):
         s.stream_request(0)

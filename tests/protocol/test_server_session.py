@@ -22,8 +22,9 @@ def _frames(data: bytes) -> list[Frame]:
 
 
 def _set(key: bytes, opaque: int, value: bytes = b"v") -> bytes:
-    return codec.request(Opcode.SET, opaque=opaque, extras=codec.store_extras(0, 0), key=key,
-                         value=value)
+    return codec.request(
+        Opcode.SET, opaque=opaque, extras=codec.store_extras(0, 0), key=key, value=value
+    )
 
 
 # --------------------------------------------------------------------------- framing
@@ -40,7 +41,7 @@ def test_a_big_frame_trickling_in_costs_linear_time_not_quadratic():
     events = []
     step = 1024
     for i in range(0, len(data), step):
-        s.feed(data[i:i + step])
+        s.feed(data[i : i + step])
         assert s.buffered <= len(data)
         events += s.receive_data(b"") if not s.wants_data() else []
         assert time.perf_counter() - t0 < 5.0, f"still at byte {i} of {len(data)}"
@@ -55,8 +56,8 @@ def test_buffered_counts_an_incomplete_frame_while_it_arrives():
     s = ServerSession()
     fed = 0
     for i in range(0, len(data) - 100, 1000):
-        s.feed(data[i:i + 1000])
-        fed += len(data[i:i + 1000])
+        s.feed(data[i : i + 1000])
+        fed += len(data[i : i + 1000])
         assert s.next_event() is None
         assert s.buffered == fed and s.wants_data()
     s.feed(data[fed:])
@@ -69,7 +70,7 @@ def test_a_request_fed_a_byte_at_a_time_comes_out_once_as_the_frame_reader_frame
     s = ServerSession()
     got = []
     for i in range(len(data)):
-        got += s.receive_data(data[i:i + 1])
+        got += s.receive_data(data[i : i + 1])
         assert s.buffered == (0 if got else i + 1)
     assert got == _frames(data) and s.frames_in == 1 and s.wants_data()
 
@@ -112,11 +113,21 @@ def test_lengths_that_do_not_fit_the_body_are_refused():
 
 def test_alt_framing_gives_the_framing_extras_apart():
     fe = codec.durability_frame_info(1)
-    data = codec.request(Opcode.SET, opaque=4, extras=codec.store_extras(0, 0), key=b"k",
-                         value=b"v", framing_extras=fe)
+    data = codec.request(
+        Opcode.SET,
+        opaque=4,
+        extras=codec.store_extras(0, 0),
+        key=b"k",
+        value=b"v",
+        framing_extras=fe,
+    )
     (f,) = ServerSession().receive_data(data)
     assert (f.magic, bytes(f.framing_extras), bytes(f.key), bytes(f.value)) == (
-        0x08, fe, b"k", b"v")
+        0x08,
+        fe,
+        b"k",
+        b"v",
+    )
 
 
 def test_a_server_magic_frame_from_a_client_comes_out_like_a_request():
@@ -154,8 +165,15 @@ def test_set_run_needs_a_whole_header_and_a_plain_request_magic():
     s.feed(_set(b"a", 1)[:23])
     assert s.set_run() is None
     alt = ServerSession()
-    alt.feed(codec.request(Opcode.SET, opaque=1, extras=codec.store_extras(0, 0), key=b"k",
-                           framing_extras=codec.durability_frame_info(1)))
+    alt.feed(
+        codec.request(
+            Opcode.SET,
+            opaque=1,
+            extras=codec.store_extras(0, 0),
+            key=b"k",
+            framing_extras=codec.durability_frame_info(1),
+        )
+    )
     assert alt.set_run() is None
 
 
@@ -238,11 +256,15 @@ def test_a_malformed_buffer_ack_is_a_remote_protocol_error_for_that_request_only
 
 def test_an_error_answer_to_a_dcp_message_is_reported_and_others_are_absorbed():
     s = ServerSession()
-    data = (codec.response(Opcode.DCP_MUTATION, opaque=8)
-            + codec.response(Opcode.DCP_MUTATION, Status.ENOMEM, opaque=8)
-            + codec.response(Opcode.DCP_SNAPSHOT_MARKER, Status.EINVAL, opaque=9)
-            + codec.response(Opcode.GET, Status.KEY_ENOENT, opaque=10)
-            + codec.response(Opcode.DCP_NOOP, Status.EINVAL, opaque=11))
-    assert s.receive_data(data) == [Rejected(8, Opcode.DCP_MUTATION, Status.ENOMEM),
-                                    Rejected(9, Opcode.DCP_SNAPSHOT_MARKER, Status.EINVAL)]
+    data = (
+        codec.response(Opcode.DCP_MUTATION, opaque=8)
+        + codec.response(Opcode.DCP_MUTATION, Status.ENOMEM, opaque=8)
+        + codec.response(Opcode.DCP_SNAPSHOT_MARKER, Status.EINVAL, opaque=9)
+        + codec.response(Opcode.GET, Status.KEY_ENOENT, opaque=10)
+        + codec.response(Opcode.DCP_NOOP, Status.EINVAL, opaque=11)
+    )
+    assert s.receive_data(data) == [
+        Rejected(8, Opcode.DCP_MUTATION, Status.ENOMEM),
+        Rejected(9, Opcode.DCP_SNAPSHOT_MARKER, Status.EINVAL),
+    ]
     assert s.frames_in == 5

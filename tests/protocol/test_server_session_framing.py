@@ -37,8 +37,18 @@ def _cuts(data: bytes, points: list[int]) -> list[bytes]:
 
 
 def _plain(f: Frame) -> tuple:
-    return (f.magic, f.opcode, f.datatype, f.vbucket, f.opaque, f.cas, bytes(f.framing_extras),
-            bytes(f.extras), bytes(f.key), bytes(f.value))
+    return (
+        f.magic,
+        f.opcode,
+        f.datatype,
+        f.vbucket,
+        f.opaque,
+        f.cas,
+        bytes(f.framing_extras),
+        bytes(f.extras),
+        bytes(f.key),
+        bytes(f.value),
+    )
 
 
 def _expected(f: Frame) -> tuple | None:
@@ -62,8 +72,20 @@ def _fast_path(buf: bytes, pos: int, end: int, limit: int, out: list) -> tuple[i
         if stop > end:
             break
         k = pos + 32
-        out.append((magic, op, dt, vb, opq, cas, b"", bytes(buf[pos + 24:k]),
-                    bytes(buf[k:k + kl]), bytes(buf[k + kl:stop])))
+        out.append(
+            (
+                magic,
+                op,
+                dt,
+                vb,
+                opq,
+                cas,
+                b"",
+                bytes(buf[pos + 24 : k]),
+                bytes(buf[k : k + kl]),
+                bytes(buf[k + kl : stop]),
+            )
+        )
         pos = stop
         count += 1
     return pos, count
@@ -101,7 +123,7 @@ def _reference(data: bytes, limit: int) -> tuple[list, bool, int, int]:
     ok = True
     try:
         for i in range(len(data)):
-            reader.feed(data[i:i + 1])
+            reader.feed(data[i : i + 1])
             frames += reader.read_frames()
     except RemoteProtocolError:
         ok = False
@@ -111,21 +133,39 @@ def _reference(data: bytes, limit: int) -> tuple[list, bool, int, int]:
 
 #: Requests (SET runs likely), the client's answers (noop answers, refusals) and anything
 #: else the strategies build, in random order.
-_sets = st.builds(lambda k, v, o: codec.request(Opcode.SET, opaque=o, key=k, value=v,
-                                                 extras=codec.store_extras(1, 2)),
-                  st.binary(min_size=1, max_size=12), st.binary(max_size=30),
-                  st.integers(0, 2**32 - 1))
-_refusals = st.builds(lambda op, status, o: codec.response(op, status, opaque=o),
-                      st.sampled_from([Opcode.DCP_NOOP, Opcode.DCP_MUTATION, Opcode.DCP_STREAM_END,
-                                       Opcode.DCP_SNAPSHOT_MARKER, Opcode.GET]),
-                      st.sampled_from([0, 1, 0x86]), st.integers(0, 9))
+_sets = st.builds(
+    lambda k, v, o: codec.request(
+        Opcode.SET, opaque=o, key=k, value=v, extras=codec.store_extras(1, 2)
+    ),
+    st.binary(min_size=1, max_size=12),
+    st.binary(max_size=30),
+    st.integers(0, 2**32 - 1),
+)
+_refusals = st.builds(
+    lambda op, status, o: codec.response(op, status, opaque=o),
+    st.sampled_from(
+        [
+            Opcode.DCP_NOOP,
+            Opcode.DCP_MUTATION,
+            Opcode.DCP_STREAM_END,
+            Opcode.DCP_SNAPSHOT_MARKER,
+            Opcode.GET,
+        ]
+    ),
+    st.sampled_from([0, 1, 0x86]),
+    st.integers(0, 9),
+)
 _kinds = st.sampled_from(list(KINDS)).flatmap(lambda k: KINDS[k]).map(fastcodec.encode)
 frame_lists = st.lists(st.one_of(_sets, _sets, _refusals, _kinds), max_size=12)
 
 
 @FUZZ
-@given(frames=frame_lists, tail=st.binary(max_size=40), points=st.lists(st.integers(0, 3000),
-       max_size=15), fast=st.booleans())
+@given(
+    frames=frame_lists,
+    tail=st.binary(max_size=40),
+    points=st.lists(st.integers(0, 3000), max_size=15),
+    fast=st.booleans(),
+)
 def test_any_split_of_a_request_stream_frames_as_frame_reader_says(frames, tail, points, fast):
     data = b"".join(frames) + tail  # a random tail: an incomplete frame, or a broken one
     want, ok, nframes, buffered = _reference(data, 1 << 20)
@@ -151,18 +191,31 @@ def _edge(magic: int, kl: int, el: int, fel: int, slack: int, limit_slack: int) 
 
 #: Headers whose lengths sit right at the rules' edges (one byte short of fitting, exact,
 #: one spare), then their body or a little less or more: the off-by-ones.
-edge_streams = st.lists(st.builds(
-    _edge, st.sampled_from([0x80, 0x81, 0x08, 0x18]), st.integers(0, 20), st.integers(0, 9),
-    st.integers(0, 6), st.integers(-1, 1), st.integers(-2, 0)), min_size=1, max_size=5,
+edge_streams = st.lists(
+    st.builds(
+        _edge,
+        st.sampled_from([0x80, 0x81, 0x08, 0x18]),
+        st.integers(0, 20),
+        st.integers(0, 9),
+        st.integers(0, 6),
+        st.integers(-1, 1),
+        st.integers(-2, 0),
+    ),
+    min_size=1,
+    max_size=5,
 ).map(b"".join)
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=2000), plausible_streams, edge_streams),
-       points=st.lists(st.integers(0, 2000), max_size=12),
-       limit=st.sampled_from([0, 24, 25, 512, 1 << 20]), fast=st.booleans())
-def test_hostile_bytes_are_refused_exactly_when_frame_reader_refuses_them(data, points, limit,
-                                                                         fast):
+@given(
+    data=st.one_of(st.binary(max_size=2000), plausible_streams, edge_streams),
+    points=st.lists(st.integers(0, 2000), max_size=12),
+    limit=st.sampled_from([0, 24, 25, 512, 1 << 20]),
+    fast=st.booleans(),
+)
+def test_hostile_bytes_are_refused_exactly_when_frame_reader_refuses_them(
+    data, points, limit, fast
+):
     want, ok, _nframes, buffered = _reference(data, limit)
     session = ServerSession(max_body_size=limit)
     got, session_ok = _drive(session, _cuts(data, points), fast)

@@ -45,13 +45,15 @@ def _opened(end_seqno: int = SEQNO_MAX, **kw) -> tuple[ClientSession, int]:
 
 # One stream's messages (opaque filled in later), as builders of its frames.
 def _mutation(seq: int, key: bytes, val: bytes, cas: int, dt: int):
-    return lambda o: codec.mutation(VB, o, seq, 3, key, val, cas=cas, datatype=dt, flags=9,
-                                    expiry=11, lock_time=13)
+    return lambda o: codec.mutation(
+        VB, o, seq, 3, key, val, cas=cas, datatype=dt, flags=9, expiry=11, lock_time=13
+    )
 
 
 def _deletion(seq: int, key: bytes, val: bytes, v2: bool):
-    return lambda o: codec.deletion(VB, o, seq, 3, key, value=val, cas=5,
-                                    delete_time=17 if v2 else None)
+    return lambda o: codec.deletion(
+        VB, o, seq, 3, key, value=val, cas=5, delete_time=17 if v2 else None
+    )
 
 
 def _expiration(seq: int, key: bytes):
@@ -66,16 +68,20 @@ def _marker(start: int, end: int, v2: bool):
 
 def _item(seq: int):
     return st.one_of(
-        st.builds(_mutation, st.just(seq), keys, vals, st.integers(0, 2**64 - 1),
-                  st.integers(0, 7)),
+        st.builds(
+            _mutation, st.just(seq), keys, vals, st.integers(0, 2**64 - 1), st.integers(0, 7)
+        ),
         st.builds(_deletion, st.just(seq), keys, vals, st.booleans()),
         st.builds(_expiration, st.just(seq), keys),
     )
 
 
 #: Frames of other opaques (never the stream's, which is 1): noops, answers, requests.
-noise = st.sampled_from(list(KINDS)).flatmap(lambda k: KINDS[k]).map(
-    lambda f: (lambda o, f=f: fastcodec.encode({**f, "opaque": f["opaque"] | 0x100})))
+noise = (
+    st.sampled_from(list(KINDS))
+    .flatmap(lambda k: KINDS[k])
+    .map(lambda f: lambda o, f=f: fastcodec.encode({**f, "opaque": f["opaque"] | 0x100}))
+)
 
 
 @st.composite
@@ -142,11 +148,29 @@ def _reference(data: bytes, opaque: int) -> tuple[list, int, int]:
 
 def _plain(e: object) -> tuple:
     if type(e) is Mutation:
-        return ("mutation", e.seqno, e.rev_seqno, e.cas, e.flags, e.expiry, e.lock_time,
-                e.datatype, bytes(e.key), bytes(e.value))
+        return (
+            "mutation",
+            e.seqno,
+            e.rev_seqno,
+            e.cas,
+            e.flags,
+            e.expiry,
+            e.lock_time,
+            e.datatype,
+            bytes(e.key),
+            bytes(e.value),
+        )
     if type(e) is Deletion:
-        return ("deletion", e.seqno, e.rev_seqno, e.cas, e.datatype, bytes(e.key),
-                bytes(e.value), e.delete_time)
+        return (
+            "deletion",
+            e.seqno,
+            e.rev_seqno,
+            e.cas,
+            e.datatype,
+            bytes(e.key),
+            bytes(e.value),
+            e.delete_time,
+        )
     assert type(e) is Expiration
     return ("expiration", e.seqno, e.rev_seqno, e.cas, bytes(e.key), e.delete_time)
 
@@ -176,7 +200,7 @@ def test_any_split_of_a_stream_decodes_as_frame_reader_and_the_parsers_say(build
         got.append(("error",))
     if want[-1] == ("error",):
         # the call that meets the bad frame raises (its other events are not returned)
-        assert got[-1] == ("error",) and got[:-1] == want[:len(got) - 1]
+        assert got[-1] == ("error",) and got[:-1] == want[: len(got) - 1]
     else:
         assert got == want
         assert counted == want_counted
@@ -185,9 +209,11 @@ def test_any_split_of_a_stream_decodes_as_frame_reader_and_the_parsers_say(build
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=2000), plausible_streams),
-       points=st.lists(st.integers(0, 2000), max_size=12),
-       limit=st.sampled_from([0, 24, 512, 1 << 20]))
+@given(
+    data=st.one_of(st.binary(max_size=2000), plausible_streams),
+    points=st.lists(st.integers(0, 2000), max_size=12),
+    limit=st.sampled_from([0, 24, 512, 1 << 20]),
+)
 def test_hostile_bytes_are_refused_exactly_when_frame_reader_refuses_them(data, points, limit):
     reader = FrameReader(max_body_size=limit)
     session = ClientSession(max_body_size=limit)  # no streams: only the framing matters
@@ -206,8 +232,10 @@ def test_hostile_bytes_are_refused_exactly_when_frame_reader_refuses_them(data, 
 
 
 @FUZZ
-@given(data=st.one_of(st.binary(max_size=2000), plausible_streams),
-       points=st.lists(st.integers(0, 2000), max_size=12))
+@given(
+    data=st.one_of(st.binary(max_size=2000), plausible_streams),
+    points=st.lists(st.integers(0, 2000), max_size=12),
+)
 def test_hostile_bytes_on_an_open_stream_give_events_or_a_remote_protocol_error(data, points):
     session, o = _opened()
     session.receive_data(codec.snapshot_marker(VB, o, 0, 100, 1))

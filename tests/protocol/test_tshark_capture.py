@@ -81,104 +81,257 @@ def exchange() -> list[Step]:
     """A session in the order a real client meets it: every frame kind we speak."""
     mut_extras = codec.MUTATION_EXTRAS.pack(6, 2, 0, 0, 0, 0, 0)
     return [
-        c(codec.hello("dcp-sdk/0.1", [HelloFeature.XERROR, HelloFeature.JSON,
-                                      HelloFeature.MUTATION_SEQNO,
-                                      HelloFeature.ALT_REQUEST_SUPPORT], 1),
-          hello__features__feature="0x0007;0x000b;0x0004;0x0010"),
-        s(codec.response(Opcode.HELLO, opaque=1, value=b"\x00\x07\x00\x0b\x00\x04\x00\x10"),
-          hello__features__feature="0x0007;0x000b;0x0004;0x0010"),
-        c(codec.dcp_open("sdk:conn-1", DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES,
-                         2), extras__seqno="0", extras__flags=h(0x21, 8)),
+        c(
+            codec.hello(
+                "dcp-sdk/0.1",
+                [
+                    HelloFeature.XERROR,
+                    HelloFeature.JSON,
+                    HelloFeature.MUTATION_SEQNO,
+                    HelloFeature.ALT_REQUEST_SUPPORT,
+                ],
+                1,
+            ),
+            hello__features__feature="0x0007;0x000b;0x0004;0x0010",
+        ),
+        s(
+            codec.response(Opcode.HELLO, opaque=1, value=b"\x00\x07\x00\x0b\x00\x04\x00\x10"),
+            hello__features__feature="0x0007;0x000b;0x0004;0x0010",
+        ),
+        c(
+            codec.dcp_open(
+                "sdk:conn-1", DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES, 2
+            ),
+            extras__seqno="0",
+            extras__flags=h(0x21, 8),
+        ),
         s(codec.response(Opcode.DCP_OPEN, opaque=2)),
         c(codec.dcp_control("enable_noop", "true", 3), value="true"),
         s(codec.response(Opcode.DCP_CONTROL, opaque=3)),
         c(codec.dcp_control("connection_buffer_size", "1048576", 4), value="1048576"),
         s(codec.response(Opcode.DCP_CONTROL, opaque=4)),
         c(codec.dcp_control("no_such_key", "true", 5)),
-        s(codec.response(Opcode.DCP_CONTROL, Status.EINVAL, opaque=5, value=b"unknown key"),
-          ("DCP Control: Invalid arguments",)),
+        s(
+            codec.response(Opcode.DCP_CONTROL, Status.EINVAL, opaque=5, value=b"unknown key"),
+            ("DCP Control: Invalid arguments",),
+        ),
         c(codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=5, opaque=6)),
-        s(codec.response(Opcode.DCP_GET_FAILOVER_LOG, opaque=6,
-                         value=codec.failover_log_value(FAILOVER)), (STRAY,),
-          dcp__failover_log__vbucket_uuid=f"{h(UUID_A, 16)};{h(UUID_B, 16)}",
-          dcp__failover_log__seqno="100;0"),
-        c(codec.stream_request(5, 0x2A, flags=StreamRequestFlag.ACTIVE_VB_ONLY),
-          extras__flags=h(0x10, 8), extras__start_seqno="0",
-          extras__end_seqno="18446744073709551615", extras__vbucket_uuid=h(0, 16),
-          extras__snap_start_seqno="0", extras__snap_end_seqno="0"),
-        s(codec.response(Opcode.DCP_STREAM_REQ, opaque=0x2A,
-                         value=codec.failover_log_value(FAILOVER)), (STRAY,),
-          dcp__failover_log__vbucket_uuid=f"{h(UUID_A, 16)};{h(UUID_B, 16)}",
-          dcp__failover_log__seqno="100;0"),
-        s(codec.snapshot_marker(5, 0x2A, 1, 5, SnapshotMarkerFlag.MEMORY),
-          extras__start_seqno="1", extras__end_seqno="5", extras__flags=h(1, 8)),
-        s(codec.mutation(5, 0x2A, 1, 1, b"doc-1", b'{"a":1}', cas=0x1234, datatype=Datatype.JSON,
-                         flags=0xDEADBEEF, expiry=7, lock_time=9),
-          extras__by_seqno="1", extras__rev_seqno="1", extras__flags=h(0xDEADBEEF, 8),
-          extras__expiration="7", extras__lock_time="9", value='{"a":1}'),
+        s(
+            codec.response(
+                Opcode.DCP_GET_FAILOVER_LOG, opaque=6, value=codec.failover_log_value(FAILOVER)
+            ),
+            (STRAY,),
+            dcp__failover_log__vbucket_uuid=f"{h(UUID_A, 16)};{h(UUID_B, 16)}",
+            dcp__failover_log__seqno="100;0",
+        ),
+        c(
+            codec.stream_request(5, 0x2A, flags=StreamRequestFlag.ACTIVE_VB_ONLY),
+            extras__flags=h(0x10, 8),
+            extras__start_seqno="0",
+            extras__end_seqno="18446744073709551615",
+            extras__vbucket_uuid=h(0, 16),
+            extras__snap_start_seqno="0",
+            extras__snap_end_seqno="0",
+        ),
+        s(
+            codec.response(
+                Opcode.DCP_STREAM_REQ, opaque=0x2A, value=codec.failover_log_value(FAILOVER)
+            ),
+            (STRAY,),
+            dcp__failover_log__vbucket_uuid=f"{h(UUID_A, 16)};{h(UUID_B, 16)}",
+            dcp__failover_log__seqno="100;0",
+        ),
+        s(
+            codec.snapshot_marker(5, 0x2A, 1, 5, SnapshotMarkerFlag.MEMORY),
+            extras__start_seqno="1",
+            extras__end_seqno="5",
+            extras__flags=h(1, 8),
+        ),
+        s(
+            codec.mutation(
+                5,
+                0x2A,
+                1,
+                1,
+                b"doc-1",
+                b'{"a":1}',
+                cas=0x1234,
+                datatype=Datatype.JSON,
+                flags=0xDEADBEEF,
+                expiry=7,
+                lock_time=9,
+            ),
+            extras__by_seqno="1",
+            extras__rev_seqno="1",
+            extras__flags=h(0xDEADBEEF, 8),
+            extras__expiration="7",
+            extras__lock_time="9",
+            value='{"a":1}',
+        ),
         s(codec.deletion(5, 0x2A, 2, 2, b"doc-1"), extras__by_seqno="2", extras__rev_seqno="2"),
-        s(codec.deletion(5, 0x2A, 3, 3, b"doc-2", delete_time=1700000000),
-          extras__by_seqno="3", extras__delete_time="1700000000"),
-        s(codec.expiration(5, 0x2A, 4, 4, b"doc-3", delete_time=1700000001),
-          extras__by_seqno="4", extras__delete_time="1700000001"),
-        s(codec.request(Opcode.DCP_MUTATION, vbucket=5, opaque=0x2A, key=b"doc-4", value=b"v",
-                        extras=codec.MUTATION_EXTRAS.pack(5, 1, 0, 0, 0, 0, 0),
-                        framing_extras=codec.stream_id_frame_info(7)),
-          flex_frame__frame__dcp_stream_id="7", extras__by_seqno="5"),
-        s(codec.snapshot_marker(5, 0x2A, 6, 9, SnapshotMarkerFlag.DISK, max_visible_seqno=8,
-                                high_completed_seqno=0),
-          extras__marker_version="0", extras__start_seqno="6", extras__end_seqno="9",
-          extras__max_visible_seqno="8", extras__flags=h(2, 8)),
-        s(codec.request(Opcode.DCP_MUTATION, vbucket=5, opaque=0x2A, key=b"doc-5",
-                        extras=mut_extras, value=b"w"), extras__by_seqno="6"),
+        s(
+            codec.deletion(5, 0x2A, 3, 3, b"doc-2", delete_time=1700000000),
+            extras__by_seqno="3",
+            extras__delete_time="1700000000",
+        ),
+        s(
+            codec.expiration(5, 0x2A, 4, 4, b"doc-3", delete_time=1700000001),
+            extras__by_seqno="4",
+            extras__delete_time="1700000001",
+        ),
+        s(
+            codec.request(
+                Opcode.DCP_MUTATION,
+                vbucket=5,
+                opaque=0x2A,
+                key=b"doc-4",
+                value=b"v",
+                extras=codec.MUTATION_EXTRAS.pack(5, 1, 0, 0, 0, 0, 0),
+                framing_extras=codec.stream_id_frame_info(7),
+            ),
+            flex_frame__frame__dcp_stream_id="7",
+            extras__by_seqno="5",
+        ),
+        s(
+            codec.snapshot_marker(
+                5, 0x2A, 6, 9, SnapshotMarkerFlag.DISK, max_visible_seqno=8, high_completed_seqno=0
+            ),
+            extras__marker_version="0",
+            extras__start_seqno="6",
+            extras__end_seqno="9",
+            extras__max_visible_seqno="8",
+            extras__flags=h(2, 8),
+        ),
+        s(
+            codec.request(
+                Opcode.DCP_MUTATION,
+                vbucket=5,
+                opaque=0x2A,
+                key=b"doc-5",
+                extras=mut_extras,
+                value=b"w",
+            ),
+            extras__by_seqno="6",
+        ),
         s(codec.seqno_advanced(5, 0x2A, 9), extras__by_seqno="9"),
         s(codec.stream_end(5, 0x2A, StreamEndStatus.OK)),
         c(codec.buffer_ack(4096), extras__bytes_to_ack="4096"),
         s(codec.request(Opcode.DCP_NOOP, opaque=77)),
         c(codec.response(Opcode.DCP_NOOP, opaque=77)),
-        c(codec.stream_request(6, 0x2B, start=1000, vb_uuid=UUID_A, snap_start=1000,
-                               snap_end=1000),
-          extras__start_seqno="1000", extras__vbucket_uuid=h(UUID_A, 16),
-          extras__snap_start_seqno="1000", extras__snap_end_seqno="1000"),
-        s(codec.response(Opcode.DCP_STREAM_REQ, Status.ROLLBACK, opaque=0x2B,
-                         value=codec.U64.pack(90)), ("DCP Stream Request: Rollback", STRAY)),
+        c(
+            codec.stream_request(
+                6, 0x2B, start=1000, vb_uuid=UUID_A, snap_start=1000, snap_end=1000
+            ),
+            extras__start_seqno="1000",
+            extras__vbucket_uuid=h(UUID_A, 16),
+            extras__snap_start_seqno="1000",
+            extras__snap_end_seqno="1000",
+        ),
+        s(
+            codec.response(
+                Opcode.DCP_STREAM_REQ, Status.ROLLBACK, opaque=0x2B, value=codec.U64.pack(90)
+            ),
+            ("DCP Stream Request: Rollback", STRAY),
+        ),
         c(codec.request(Opcode.DCP_CLOSE_STREAM, vbucket=5, opaque=7)),
         s(codec.response(Opcode.DCP_CLOSE_STREAM, opaque=7)),
-        c(codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=8,
-                        extras=codec.U32.pack(VBucketState.ACTIVE))),
-        s(codec.response(Opcode.GET_ALL_VB_SEQNOS, opaque=8,
-                         value=codec.all_vb_seqnos_value([(0, 3), (5, 9)])), (STRAY,),
-          vbucket_states__id="0;5", vbucket_states__seqno="3;9"),
-        c(codec.request(Opcode.SET, vbucket=115, opaque=9, extras=codec.store_extras(1, 0),
-                        key=b"foo", value=b"bar"), extras__flags=h(1, 8),
-          extras__expiration="0"),
-        s(codec.response(Opcode.SET, opaque=9, cas=0x99,
-                         extras=codec.mutation_seqno_extras(UUID_A, 10)),
-          extras__vbucket_uuid=h(UUID_A, 16), extras__mutation_seqno="10"),
-        c(codec.request(Opcode.SET, vbucket=115, opaque=10, extras=codec.store_extras(),
-                        key=b"foo", value=b"baz", framing_extras=codec.durability_frame_info(
-                            DurabilityLevel.PERSIST_TO_MAJORITY, 2500)),
-          flex_frame__frame__durability_req="3"),
-        s(codec.response(Opcode.SET, opaque=10, cas=0x9A,
-                         extras=codec.mutation_seqno_extras(UUID_A, 11)),
-          extras__mutation_seqno="11"),
-        c(codec.request(Opcode.ADD, vbucket=115, opaque=11, extras=codec.store_extras(),
-                        key=b"foo", value=b"x")),
-        s(codec.response(Opcode.ADD, Status.KEY_EEXISTS, opaque=11, value=b"exists"),
-          ("Add: Key exists",)),
-        c(codec.request(Opcode.REPLACE, vbucket=115, opaque=12, extras=codec.store_extras(),
-                        key=b"foo", value=b"y")),
+        c(
+            codec.request(
+                Opcode.GET_ALL_VB_SEQNOS, opaque=8, extras=codec.U32.pack(VBucketState.ACTIVE)
+            )
+        ),
+        s(
+            codec.response(
+                Opcode.GET_ALL_VB_SEQNOS,
+                opaque=8,
+                value=codec.all_vb_seqnos_value([(0, 3), (5, 9)]),
+            ),
+            (STRAY,),
+            vbucket_states__id="0;5",
+            vbucket_states__seqno="3;9",
+        ),
+        c(
+            codec.request(
+                Opcode.SET,
+                vbucket=115,
+                opaque=9,
+                extras=codec.store_extras(1, 0),
+                key=b"foo",
+                value=b"bar",
+            ),
+            extras__flags=h(1, 8),
+            extras__expiration="0",
+        ),
+        s(
+            codec.response(
+                Opcode.SET, opaque=9, cas=0x99, extras=codec.mutation_seqno_extras(UUID_A, 10)
+            ),
+            extras__vbucket_uuid=h(UUID_A, 16),
+            extras__mutation_seqno="10",
+        ),
+        c(
+            codec.request(
+                Opcode.SET,
+                vbucket=115,
+                opaque=10,
+                extras=codec.store_extras(),
+                key=b"foo",
+                value=b"baz",
+                framing_extras=codec.durability_frame_info(
+                    DurabilityLevel.PERSIST_TO_MAJORITY, 2500
+                ),
+            ),
+            flex_frame__frame__durability_req="3",
+        ),
+        s(
+            codec.response(
+                Opcode.SET, opaque=10, cas=0x9A, extras=codec.mutation_seqno_extras(UUID_A, 11)
+            ),
+            extras__mutation_seqno="11",
+        ),
+        c(
+            codec.request(
+                Opcode.ADD,
+                vbucket=115,
+                opaque=11,
+                extras=codec.store_extras(),
+                key=b"foo",
+                value=b"x",
+            )
+        ),
+        s(
+            codec.response(Opcode.ADD, Status.KEY_EEXISTS, opaque=11, value=b"exists"),
+            ("Add: Key exists",),
+        ),
+        c(
+            codec.request(
+                Opcode.REPLACE,
+                vbucket=115,
+                opaque=12,
+                extras=codec.store_extras(),
+                key=b"foo",
+                value=b"y",
+            )
+        ),
         s(codec.response(Opcode.REPLACE, opaque=12, cas=0x9B)),
         c(codec.request(Opcode.GET, vbucket=115, opaque=13, key=b"foo")),
-        s(codec.response(Opcode.GET, opaque=13, cas=0x9B, extras=codec.U32.pack(1), value=b"y"),
-          extras__flags=h(1, 8), value="y"),
+        s(
+            codec.response(Opcode.GET, opaque=13, cas=0x9B, extras=codec.U32.pack(1), value=b"y"),
+            extras__flags=h(1, 8),
+            value="y",
+        ),
         c(codec.request(Opcode.GET, vbucket=528, opaque=14, key=b"hello")),
-        s(codec.response(Opcode.GET, Status.KEY_ENOENT, opaque=14, value=b"Not found"),
-          ("Get: Key not found", "Get Response must have Extras")),
+        s(
+            codec.response(Opcode.GET, Status.KEY_ENOENT, opaque=14, value=b"Not found"),
+            ("Get: Key not found", "Get Response must have Extras"),
+        ),
         c(codec.request(Opcode.DELETE, vbucket=115, opaque=15, key=b"foo")),
-        s(codec.response(Opcode.DELETE, opaque=15, cas=0x9C,
-                         extras=codec.mutation_seqno_extras(UUID_A, 12)),
-          extras__mutation_seqno="12"),
+        s(
+            codec.response(
+                Opcode.DELETE, opaque=15, cas=0x9C, extras=codec.mutation_seqno_extras(UUID_A, 12)
+            ),
+            extras__mutation_seqno="12",
+        ),
         c(codec.request(Opcode.NOOP, opaque=16)),
         s(codec.response(Opcode.NOOP, opaque=16)),
         c(codec.request(Opcode.VERSION, opaque=17)),
@@ -219,9 +372,10 @@ def _run_exchange(listener: socket.socket, steps: list[Step]) -> tuple[int, int]
         return client.getsockname()[1], port
 
 
-def _wait_until_capturing(proc: subprocess.Popen, listener: socket.socket, printed: Path,
-                          err: Path) -> None:
-    """"Capturing on" comes before packets are really seen: probe until one is printed.
+def _wait_until_capturing(
+    proc: subprocess.Popen, listener: socket.socket, printed: Path, err: Path
+) -> None:
+    """ "Capturing on" comes before packets are really seen: probe until one is printed.
 
     Probes are empty TCP connections to the listener; they carry no payload, so they
     cannot disturb the couchbase judgement.
@@ -247,8 +401,11 @@ def _capture(pcap: Path, steps: list[Step]) -> tuple[int, int]:
         printed, err = pcap.with_suffix(".txt"), pcap.with_suffix(".err")
         with printed.open("wb") as outf, err.open("wb") as errf:
             # -P -l: also print a line per packet, flushed, so readiness can be seen.
-            proc = subprocess.Popen([TSHARK, "-i", "lo", "-f", f"tcp port {port}", "-P", "-l",
-                                     "-w", str(pcap)], stdout=outf, stderr=errf)
+            proc = subprocess.Popen(
+                [TSHARK, "-i", "lo", "-f", f"tcp port {port}", "-P", "-l", "-w", str(pcap)],
+                stdout=outf,
+                stderr=errf,
+            )
         try:
             _wait_until_capturing(proc, listener, printed, err)
             ports = _run_exchange(listener, steps)
@@ -265,8 +422,13 @@ def _capture(pcap: Path, steps: list[Step]) -> tuple[int, int]:
 
 
 def _tshark(pcap: Path, port: int, *args: str) -> str:
-    out = subprocess.run([TSHARK, "-r", str(pcap), "-d", f"tcp.port=={port},couchbase", *args],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [TSHARK, "-r", str(pcap), "-d", f"tcp.port=={port},couchbase", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return out.stdout
 
 
@@ -303,11 +465,32 @@ def test_couchbase_expert_warnings_are_only_the_known_quirks(captured):
 def test_tshark_reads_back_every_frame_and_field_we_sent(captured):
     pcap, steps, client_port, port = captured
     names = sorted({name for step in steps for name in step.fields})
-    columns = ["tcp.srcport", "tcp.payload", "_ws.expert.message", "couchbase.magic",
-               "couchbase.opcode", "couchbase.vbucket", "couchbase.status", "couchbase.key",
-               "couchbase.extras.length", "couchbase.cas", *names]
-    out = _tshark(pcap, port, "-Y", "couchbase", "-T", "fields", "-E", "separator=/t",
-                  "-E", "aggregator=;", *(arg for col in columns for arg in ("-e", col)))
+    columns = [
+        "tcp.srcport",
+        "tcp.payload",
+        "_ws.expert.message",
+        "couchbase.magic",
+        "couchbase.opcode",
+        "couchbase.vbucket",
+        "couchbase.status",
+        "couchbase.key",
+        "couchbase.extras.length",
+        "couchbase.cas",
+        *names,
+    ]
+    out = _tshark(
+        pcap,
+        port,
+        "-Y",
+        "couchbase",
+        "-T",
+        "fields",
+        "-E",
+        "separator=/t",
+        "-E",
+        "aggregator=;",
+        *(arg for col in columns for arg in ("-e", col)),
+    )
     rows = [dict(zip(columns, line.split("\t"), strict=True)) for line in out.splitlines()]
     assert len(rows) == len(steps)
     for i, (row, step) in enumerate(zip(rows, steps, strict=True)):
@@ -344,8 +527,9 @@ def _captured_frames(pcap: Path, port: int, display_filter: str) -> list:
 def test_values_tshark_does_not_decode_are_right_on_the_wire(captured):
     """Quirk 4: the ROLLBACK value and STREAM_END extras, read from the capture by us."""
     pcap, _, _, port = captured
-    (rollback,) = _captured_frames(pcap, port, "couchbase.opcode == 0x53 && "
-                                               "couchbase.status == 0x23")
+    (rollback,) = _captured_frames(
+        pcap, port, "couchbase.opcode == 0x53 && couchbase.status == 0x23"
+    )
     assert codec.U64.unpack(rollback.value)[0] == 90
     (stream_end,) = _captured_frames(pcap, port, "couchbase.opcode == 0x55")
     assert codec.parse_stream_end(stream_end) == StreamEndStatus.OK

@@ -26,10 +26,17 @@ def _load(path: Path) -> tuple[bytes, dict]:
 def test_there_is_a_vector_for_every_frame_kind_we_speak():
     names = {p.stem for p in VECTORS}
     assert len(names) >= 40
-    for must in ("dcp_mutation_request", "dcp_deletion_v2_request", "dcp_stream_req_request",
-                 "dcp_stream_req_response_ok", "dcp_stream_req_response_rollback",
-                 "dcp_snapshot_marker_v2_0_request", "set_request_durable",
-                 "get_all_vb_seqnos_response", "hello_request"):
+    for must in (
+        "dcp_mutation_request",
+        "dcp_deletion_v2_request",
+        "dcp_stream_req_request",
+        "dcp_stream_req_response_ok",
+        "dcp_stream_req_response_rollback",
+        "dcp_snapshot_marker_v2_0_request",
+        "set_request_durable",
+        "get_all_vb_seqnos_response",
+        "hello_request",
+    ):
         assert must in names
 
 

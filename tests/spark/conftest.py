@@ -24,7 +24,8 @@ def spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]").appName("dcp-spark-tests")
+        SparkSession.builder.master("local[2]")
+        .appName("dcp-spark-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "1")

@@ -26,8 +26,14 @@ class ThreadServer:
     def __init__(self, data_dir: Path, num_vbuckets: int = 16, **kw: Any) -> None:
         self.data_dir = data_dir
         self.num_vbuckets = num_vbuckets
-        self.config = ServerConfig(host="127.0.0.1", port=0, data_dir=str(data_dir),
-                                   num_vbuckets=num_vbuckets, log_level="WARNING", **kw)
+        self.config = ServerConfig(
+            host="127.0.0.1",
+            port=0,
+            data_dir=str(data_dir),
+            num_vbuckets=num_vbuckets,
+            log_level="WARNING",
+            **kw,
+        )
         self.crashed: BaseException | None = None
         ready: queue.Queue = queue.Queue()
 

@@ -12,8 +12,7 @@ from .helpers import ThreadServer
 pytestmark = pytest.mark.spark
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "spark.md"
-EXAMPLES = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
-            if "DCP_PORT" in b]
+EXAMPLES = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "DCP_PORT" in b]
 
 
 def test_the_doc_has_a_runnable_example():

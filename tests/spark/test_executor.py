@@ -130,7 +130,8 @@ def test_inside_the_history_window_a_replay_yields_the_same_rows(history_server)
     assert again == first
     assert len(first) == 300
     assert {r[3]: r[4] for r in first} == {
-        f"k{i}".encode(): b"v2" if i % 3 == 0 else b"v1" for i in range(300)}
+        f"k{i}".encode(): b"v2" if i % 3 == 0 else b"v1" for i in range(300)
+    }
 
 
 def test_a_position_lost_in_an_unclean_restart_is_a_rollback_when_read(tmp_path):
@@ -154,7 +155,8 @@ def test_a_position_lost_in_an_unclean_restart_is_a_rollback_when_read(tmp_path)
         assert err.rollback_seqno == new_highs[err.vbucket] < err.seqno == highs[err.vbucket]
         rows = _read(s, ranges, onRollback="rewind")
         assert sorted((r[0], r[1], r[2]) for r in rows) == sorted(
-            (vb, new_highs[vb], OP_ROLLBACK) for vb in highs)
+            (vb, new_highs[vb], OP_ROLLBACK) for vb in highs
+        )
     finally:
         s.stop()
 
@@ -182,14 +184,20 @@ class _ScriptedProducer:
                     reader.feed(data)
                     for f in reader.read_frames():
                         if f.opcode == Opcode.DCP_CLOSE_STREAM:
-                            conn.sendall(codec.response(f.opcode, opaque=f.opaque)
-                                         + codec.stream_end(0, self.requests[-1].opaque, 1))
+                            conn.sendall(
+                                codec.response(f.opcode, opaque=f.opaque)
+                                + codec.stream_end(0, self.requests[-1].opaque, 1)
+                            )
                         elif f.opcode == Opcode.DCP_STREAM_REQ:
                             req = codec.parse_stream_request(f)
                             self.requests.append(req)
-                            conn.sendall(codec.response(
-                                f.opcode, opaque=f.opaque,
-                                value=codec.failover_log_value([(7, 0)])))
+                            conn.sendall(
+                                codec.response(
+                                    f.opcode,
+                                    opaque=f.opaque,
+                                    value=codec.failover_log_value([(7, 0)]),
+                                )
+                            )
                             conn.sendall(b"".join(frame(f.opaque) for frame in script))
                             if script[-1] is _HANG_UP:
                                 break
@@ -217,21 +225,26 @@ def _end(o: int) -> bytes:
 
 
 def test_a_connection_lost_mid_snapshot_resumes_from_the_last_whole_one():
-    p = _ScriptedProducer([
-        [_marker(1, 2), _mut(1), _mut(2), _marker(3, 5), _mut(3), _HANG_UP],
-        [_marker(3, 5), _mut(3), _mut(4), _mut(5), _end],
-    ])
+    p = _ScriptedProducer(
+        [
+            [_marker(1, 2), _mut(1), _mut(2), _marker(3, 5), _mut(3), _HANG_UP],
+            [_marker(3, 5), _mut(3), _mut(4), _mut(5), _end],
+        ]
+    )
     rows = _rows(list(read_ranges(_cfg(p.port), [VbRange(0, 7, 0, 5)], "test")))
     assert [r[1] for r in rows] == [1, 2, 3, 4, 5]
     assert [(r.start_seqno, r.snap_start_seqno, r.snap_end_seqno) for r in p.requests] == [
-        (0, 0, 0), (2, 2, 2)]
+        (0, 0, 0),
+        (2, 2, 2),
+    ]
 
 
 @pytest.mark.parametrize("history", [False, True], ids=["disk", "history"])
 def test_a_large_range_read_from_disk_is_complete(tmp_path, history):
     """More items than one server backfill chunk (4096): all of them, once."""
-    s = ThreadServer(tmp_path / "d", num_vbuckets=1,
-                     **({"history_seconds": 3600} if history else {}))
+    s = ThreadServer(
+        tmp_path / "d", num_vbuckets=1, **({"history_seconds": 3600} if history else {})
+    )
     try:
         with s.kv() as kv:
             for c in range(0, 10_000, 2_500):
@@ -278,8 +291,9 @@ def test_expirations_and_deletions_have_their_own_op(tmp_path):
 def test_a_range_ending_in_a_purged_tombstone_completes_without_a_later_change(tmp_path):
     """The range's last seqno was a deletion whose tombstone compaction purged: the disk
     has no item there, the server says so (SEQNO_ADVANCED) and the read finishes."""
-    s = ThreadServer(tmp_path / "d", num_vbuckets=4, tombstone_purge_age=0,
-                     checkpoint_retain_seconds=0)
+    s = ThreadServer(
+        tmp_path / "d", num_vbuckets=4, tombstone_purge_age=0, checkpoint_retain_seconds=0
+    )
     try:
         with s.kv() as kv:
             kv.set_many({f"k{i}": b"v" for i in range(40)})
@@ -307,13 +321,19 @@ def _not_a_mutation(seqno: int):
     """A response frame (magic 0x81) whose opcode byte is DCP_MUTATION's, with well-formed
     mutation extras and the stream's opaque: not a change of the stream."""
     return lambda o: codec.response(
-        Opcode.DCP_MUTATION, opaque=o, extras=MUTATION_EXTRAS.pack(seqno, 1, 0, 0, 0, 0, 0),
-        key=b"bogus", value=b"x")
+        Opcode.DCP_MUTATION,
+        opaque=o,
+        extras=MUTATION_EXTRAS.pack(seqno, 1, 0, 0, 0, 0, 0),
+        key=b"bogus",
+        value=b"x",
+    )
 
 
 def test_a_frame_is_a_mutation_by_magic_and_opcode_not_by_opcode_alone():
-    p = _ScriptedProducer([
-        [_marker(1, 3), _mut(1), _not_a_mutation(2), _mut(2), _mut(3), _end],
-    ])
+    p = _ScriptedProducer(
+        [
+            [_marker(1, 3), _mut(1), _not_a_mutation(2), _mut(2), _mut(3), _end],
+        ]
+    )
     rows = _rows(list(read_ranges(_cfg(p.port), [VbRange(0, 7, 0, 3)], "test")))
     assert [(r[1], r[3]) for r in rows] == [(1, b"k1"), (2, b"k2"), (3, b"k3")]

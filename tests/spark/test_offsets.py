@@ -35,14 +35,17 @@ def test_offsets_survive_the_round_trip_through_spark_text():
     assert json.dumps(to_json(back)) == text
 
 
-@pytest.mark.parametrize("bad", [
-    {"v": 2, "vb": {}},
-    {"vb": {"0": {"u": "1", "s": -1}}, "v": 1},
-    {"v": 1, "vb": {"x": {"u": "1", "s": 1}}},
-    {"v": 1, "vb": {"0": {"u": "1", "s": 1, "zz": 0}}},
-    {"v": 1, "vb": {"0": {"u": "1", "s": 1, "rb": 5}}},
-    "not json",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"v": 2, "vb": {}},
+        {"vb": {"0": {"u": "1", "s": -1}}, "v": 1},
+        {"v": 1, "vb": {"x": {"u": "1", "s": 1}}},
+        {"v": 1, "vb": {"0": {"u": "1", "s": 1, "zz": 0}}},
+        {"v": 1, "vb": {"0": {"u": "1", "s": 1, "rb": 5}}},
+        "not json",
+    ],
+)
 def test_malformed_offsets_are_refused(bad):
     with pytest.raises(OffsetError):
         from_json(bad if isinstance(bad, str) else json.dumps(bad))
@@ -50,8 +53,7 @@ def test_malformed_offsets_are_refused(bad):
 
 def test_explicit_starting_offsets_fill_unnamed_vbuckets_with_earliest():
     got = parse_starting_offsets('{"3": {"u": "77", "s": 5}, "1": 9}', range(4))
-    assert got == {0: VbPosition(), 1: VbPosition(0, 9), 2: VbPosition(),
-                   3: VbPosition(77, 5)}
+    assert got == {0: VbPosition(), 1: VbPosition(0, 9), 2: VbPosition(), 3: VbPosition(77, 5)}
     full = dumps(got)
     assert parse_starting_offsets(full, range(4)) == got
     with pytest.raises(OffsetError, match="does not read"):

@@ -16,21 +16,37 @@ def test_defaults_differ_only_in_the_merged_snapshot_policy():
 
 
 def test_options_are_case_insensitive_and_typed():
-    c = parse_options({"PORT": "1234", "maxRowsPerBatch": "10", "vbuckets": "0,2,4-6",
-                       "onRollback": "REWIND", "numPartitions": "3"}, streaming=True)
+    c = parse_options(
+        {
+            "PORT": "1234",
+            "maxRowsPerBatch": "10",
+            "vbuckets": "0,2,4-6",
+            "onRollback": "REWIND",
+            "numPartitions": "3",
+        },
+        streaming=True,
+    )
     assert (c.port, c.max_rows_per_batch, c.vbuckets, c.on_rollback, c.partitions) == (
-        1234, 10, (0, 2, 4, 5, 6), "rewind", 3)
+        1234,
+        10,
+        (0, 2, 4, 5, 6),
+        "rewind",
+        3,
+    )
 
 
-@pytest.mark.parametrize(("opts", "match"), [
-    ({"prot": "1"}, "unknown option 'prot'"),
-    ({"port": "x"}, "port"),
-    ({"onRollback": "ignore"}, "onRollback"),
-    ({"startingOffsets": "latest"}, "startingOffsetsFile"),
-    ({"startingOffsets": "yesterday"}, "startingOffsets"),
-    ({"vbuckets": "3-1"}, "vbuckets"),
-    ({"maxRowsPerBatch": "0"}, "maxRowsPerBatch"),
-])
+@pytest.mark.parametrize(
+    ("opts", "match"),
+    [
+        ({"prot": "1"}, "unknown option 'prot'"),
+        ({"port": "x"}, "port"),
+        ({"onRollback": "ignore"}, "onRollback"),
+        ({"startingOffsets": "latest"}, "startingOffsetsFile"),
+        ({"startingOffsets": "yesterday"}, "startingOffsets"),
+        ({"vbuckets": "3-1"}, "vbuckets"),
+        ({"maxRowsPerBatch": "0"}, "maxRowsPerBatch"),
+    ],
+)
 def test_bad_options_are_refused_by_name(opts, match):
     with pytest.raises(OptionError, match=match):
         parse_options(opts, streaming=True)

@@ -18,15 +18,18 @@ from dcp.spark.offsets import VbPosition
 LOG = [(222, 10), (111, 0)]  # newest first: branch 222 started at seqno 10
 
 
-@pytest.mark.parametrize(("pos", "high", "want"), [
-    (VbPosition(111, 0), 50, None),  # seqno 0 never rolls back
-    (VbPosition(111, 10), 50, None),  # old branch up to where the new one starts
-    (VbPosition(111, 15), 50, 10),  # changes 11..15 of the old branch are gone
-    (VbPosition(222, 50), 50, None),
-    (VbPosition(222, 60), 50, 50),  # the server lost 51..60 without a new entry
-    (VbPosition(999, 5), 50, 0),  # unknown branch: from scratch
-    (VbPosition(0, 40), 50, None),  # no uuid given: accepted while reachable
-])
+@pytest.mark.parametrize(
+    ("pos", "high", "want"),
+    [
+        (VbPosition(111, 0), 50, None),  # seqno 0 never rolls back
+        (VbPosition(111, 10), 50, None),  # old branch up to where the new one starts
+        (VbPosition(111, 15), 50, 10),  # changes 11..15 of the old branch are gone
+        (VbPosition(222, 50), 50, None),
+        (VbPosition(222, 60), 50, 50),  # the server lost 51..60 without a new entry
+        (VbPosition(999, 5), 50, 0),  # unknown branch: from scratch
+        (VbPosition(0, 40), 50, None),  # no uuid given: accepted while reachable
+    ],
+)
 def test_rollback_rule_matches_the_server_for_zero_width_snapshots(pos, high, want):
     assert rollback_seqno(pos, LOG, high) == want
 

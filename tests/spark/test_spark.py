@@ -41,8 +41,9 @@ class Sink:
         return [r for b in sorted(self.batches) for r in self.batches[b]]
 
 
-def start(spark: Any, port: int, ck: Path, sink: Sink, trigger: dict | None = None,
-          **options: Any) -> Any:
+def start(
+    spark: Any, port: int, ck: Path, sink: Sink, trigger: dict | None = None, **options: Any
+) -> Any:
     reader = spark.readStream.format("dcp").option("port", port).option("retryTimeout", 5)
     for k, v in options.items():
         reader = reader.option(k, v)
@@ -90,7 +91,7 @@ def check_change_sets(sink: Sink) -> None:
                 continue
             ranges = {(r["snapshot_start"], r["snapshot_end"]) for r in data}
             assert len(ranges) == 1, (bid, vb, ranges)
-            (s, e), = ranges
+            ((s, e),) = ranges
             assert all(s <= r["seqno"] <= e for r in data)
             assert len({r["key"] for r in data}) == len(data)
             assert s == last_end.get(vb, 0) + 1, (bid, vb, s, last_end.get(vb))
@@ -117,14 +118,15 @@ def test_batch_read_equals_the_server_contents_across_partitions(spark, tmp_path
     assert len({r["key"] for r in rows}) == len(rows) == 3000  # one row per key
     live = {i for i in range(3000) if i % 9}
     assert state_of(sorted(rows, key=lambda r: (r["vbucket"], r["seqno"]))) == {
-        f"doc{i}": (f"v2-{i}" if i % 4 == 0 else f"v1-{i}").encode() for i in live}
+        f"doc{i}": (f"v2-{i}" if i % 4 == 0 else f"v1-{i}").encode() for i in live
+    }
     assert {r["key"] for r in rows if r["op"] == "deletion"} == {
-        f"doc{i}" for i in range(0, 3000, 9)}
+        f"doc{i}" for i in range(0, 3000, 9)
+    }
     assert len({r["vbucket"] for r in rows}) == 64
 
 
-def _writer(s: ThreadServer, stop: threading.Event, last: dict[str, bytes],
-            rewrite: bool) -> None:
+def _writer(s: ThreadServer, stop: threading.Event, last: dict[str, bytes], rewrite: bool) -> None:
     with s.kv() as kv:
         i = 0
         while not stop.is_set():
@@ -138,13 +140,18 @@ def _writer(s: ThreadServer, stop: threading.Event, last: dict[str, bytes],
             time.sleep(0.01)
 
 
-@pytest.mark.parametrize(("history", "rewrite", "options"), [
-    (True, True, {}),
-    (False, False, {}),
-    (False, True, {"onMergedSnapshot": "reread"}),
-], ids=["history-window-rewrites", "no-history-inserts", "no-history-rewrites-reread"])
+@pytest.mark.parametrize(
+    ("history", "rewrite", "options"),
+    [
+        (True, True, {}),
+        (False, False, {}),
+        (False, True, {"onMergedSnapshot": "reread"}),
+    ],
+    ids=["history-window-rewrites", "no-history-inserts", "no-history-rewrites-reread"],
+)
 def test_streaming_under_concurrent_writes_yields_only_whole_change_sets(
-        spark, tmp_path, history, rewrite, options):
+    spark, tmp_path, history, rewrite, options
+):
     s = ThreadServer(tmp_path / "d", **({"history_seconds": 3600} if history else {}))
     sink = Sink()
     last: dict[str, bytes] = {}
@@ -152,8 +159,14 @@ def test_streaming_under_concurrent_writes_yields_only_whole_change_sets(
     w = threading.Thread(target=_writer, args=(s, stop, last, rewrite))
     try:
         w.start()
-        q = start(spark, s.port, tmp_path / "ck", sink,
-                  trigger={"processingTime": "100 milliseconds"}, **options)
+        q = start(
+            spark,
+            s.port,
+            tmp_path / "ck",
+            sink,
+            trigger={"processingTime": "100 milliseconds"},
+            **options,
+        )
         deadline = time.monotonic() + 60
         while len(sink.batches) < 4 and time.monotonic() < deadline and q.isActive:
             time.sleep(0.1)
@@ -180,7 +193,8 @@ def test_streaming_under_concurrent_writes_yields_only_whole_change_sets(
 
 
 def test_crash_and_resume_replay_the_same_rows_with_no_gap_or_duplicate(
-        spark, history_server, tmp_path):
+    spark, history_server, tmp_path
+):
     s, ck = history_server, tmp_path / "ck"
     expected: dict[str, bytes] = {}
 
@@ -225,7 +239,8 @@ def _crash_then_rewrite(spark, s: ThreadServer, ck) -> list:
 
 
 def test_a_replay_the_server_can_no_longer_serve_exactly_fails_or_is_reread(
-        spark, disk_server, tmp_path):
+    spark, disk_server, tmp_path
+):
     s, ck = disk_server, tmp_path / "ck"
     original = _crash_then_rewrite(spark, s, ck)
     err = run(spark, s.port, ck, Sink())
@@ -239,8 +254,7 @@ def test_a_replay_the_server_can_no_longer_serve_exactly_fails_or_is_reread(
     assert any(r["snapshot_end"] > planned[r["vbucket"]] for r in replay)  # it says so
 
 
-def test_a_prompt_replay_over_rewritten_documents_is_exact_without_history(
-        spark, server, tmp_path):
+def test_a_prompt_replay_over_rewritten_documents_is_exact_without_history(spark, server, tmp_path):
     """Within the server's checkpoint retention a replayed batch is read from memory at
     its planned boundaries: the same rows, although the documents were rewritten."""
     s, ck = server, tmp_path / "ck"

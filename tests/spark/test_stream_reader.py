@@ -59,7 +59,7 @@ def test_a_row_limit_splits_a_backlog_at_observed_boundaries(server):
     keys = [k for k in (f"k{i}" for i in range(3000)) if _vb(k, 16) == 0][:80]
     with server.kv() as kv:
         for i in range(0, 80, 20):  # four writes, each seen by a planning poll
-            kv.set_many({k: b"v" for k in keys[i:i + 20]})
+            kv.set_many({k: b"v" for k in keys[i : i + 20]})
             r.latestOffset(start, ReadMaxRows(10**9))
     seqs = []
     pos = start
@@ -100,7 +100,8 @@ def test_a_rollback_at_the_start_offset_fails_planning_or_rewinds(tmp_path):
         assert err.rollback_seqno < err.seqno
         end = _reader(s, onRollback="rewind").latestOffset(consumed, ReadAllAvailable())
         marked = {vb: p for vb, p in end["vb"].items() if "rb" in p}
-        assert marked and all(p["rb"] == p["s"] < consumed["vb"][vb]["s"]
-                              for vb, p in marked.items())
+        assert marked and all(
+            p["rb"] == p["s"] < consumed["vb"][vb]["s"] for vb, p in marked.items()
+        )
     finally:
         s.stop()

@@ -21,10 +21,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "tools.bench"]  # run from ROOT: ``-m`` finds ``tools`` there
-SCENARIOS = ["ceiling", "stream-memory", "stream-disk", "ingest", "fanout", "latency",
-             "slow-consumer"]
-SUMMARY_KEYS = {"runs", "median", "min", "max", "server_cpu_s", "client_cpu_s",
-                "server_peak_rss_mib", "client_peak_rss_mib"}
+SCENARIOS = [
+    "ceiling",
+    "stream-memory",
+    "stream-disk",
+    "ingest",
+    "fanout",
+    "latency",
+    "slow-consumer",
+]
+SUMMARY_KEYS = {
+    "runs",
+    "median",
+    "min",
+    "max",
+    "server_cpu_s",
+    "client_cpu_s",
+    "server_peak_rss_mib",
+    "client_peak_rss_mib",
+}
 
 pytest.importorskip("psutil", reason="the bench tool needs psutil (the bench extra)")
 
@@ -42,8 +57,7 @@ def _redis_missing() -> str | None:
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "tiny.json"
-    cmd = [*BENCH, "all", "--tiny", "--json", "--no-install",
-           "--output", str(out)]
+    cmd = [*BENCH, "all", "--tiny", "--json", "--no-install", "--output", str(out)]
     if _redis_missing():
         cmd.append("--no-peer")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
@@ -61,11 +75,20 @@ def test_document_has_the_machine_the_command_and_every_scenario(doc: dict[str, 
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_each_scenario_reports_medians_cpu_rss_and_a_goal(doc: dict[str, Any],
-                                                          name: str) -> None:
+def test_each_scenario_reports_medians_cpu_rss_and_a_goal(doc: dict[str, Any], name: str) -> None:
     res = doc["results"][name]
-    assert {"name", "metric", "params", "ours", "peer", "ratio", "ok", "goal", "met",
-            "wall_s"} <= set(res)
+    assert {
+        "name",
+        "metric",
+        "params",
+        "ours",
+        "peer",
+        "ratio",
+        "ok",
+        "goal",
+        "met",
+        "wall_s",
+    } <= set(res)
     summaries = [row["ours"] for row in res["rows"]] if name == "fanout" else [res["ours"]]
     for s in summaries:
         assert SUMMARY_KEYS <= set(s)
@@ -112,17 +135,24 @@ def test_redis_half_runs_alternately_with_ours(doc: dict[str, Any]) -> None:
     assert r["fanout"]["peer_extra_us"] is not None
 
 
-def test_saved_results_render_as_table_markdown_and_plot(doc: dict[str, Any],
-                                                         tmp_path: Path) -> None:
+def test_saved_results_render_as_table_markdown_and_plot(
+    doc: dict[str, Any], tmp_path: Path
+) -> None:
     src = tmp_path / "r.json"
     src.write_text(json.dumps(doc))
-    md = subprocess.run([*BENCH, "table", str(src), "--markdown"],
-                        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    md = subprocess.run(
+        [*BENCH, "table", str(src), "--markdown"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert md.returncode == 0, md.stderr
     assert md.stdout.count("\n| stream-memory |") == 1
     pytest.importorskip("matplotlib")
     png = tmp_path / "plot.png"
-    p = subprocess.run([*BENCH, "plot", str(src), str(png)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [*BENCH, "plot", str(src), str(png)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

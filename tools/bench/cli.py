@@ -38,15 +38,38 @@ from .scenarios import SCENARIOS, Ctx
 
 ORDER = list(SCENARIOS)
 DEFAULTS = {
-    "items": 1_000_000, "fanout_items": 200_000, "slow_items": 10_000_000, "keys": 100_000,
-    "seconds": 30.0, "rate": 10_000, "clients": [1, 4, 16], "quota_mib": 256.0, "reps": 3,
-    "vbuckets": 1024, "batch": 1000, "value_size": 100, "timeout": 900.0,
-    "profile": None, "output": None, "plot": None, "only": None, "server_arg": None,
-    "slow_reps": None, "code_root": None,
+    "items": 1_000_000,
+    "fanout_items": 200_000,
+    "slow_items": 10_000_000,
+    "keys": 100_000,
+    "seconds": 30.0,
+    "rate": 10_000,
+    "clients": [1, 4, 16],
+    "quota_mib": 256.0,
+    "reps": 3,
+    "vbuckets": 1024,
+    "batch": 1000,
+    "value_size": 100,
+    "timeout": 900.0,
+    "profile": None,
+    "output": None,
+    "plot": None,
+    "only": None,
+    "server_arg": None,
+    "slow_reps": None,
+    "code_root": None,
 }
 TINY = {
-    "items": 3000, "fanout_items": 2000, "slow_items": 20_000, "keys": 2000, "seconds": 1.0,
-    "rate": 2000, "clients": [1, 2], "quota_mib": 1.0, "reps": 1, "vbuckets": 16,
+    "items": 3000,
+    "fanout_items": 2000,
+    "slow_items": 20_000,
+    "keys": 2000,
+    "seconds": 1.0,
+    "rate": 2000,
+    "clients": [1, 2],
+    "quota_mib": 1.0,
+    "reps": 1,
+    "vbuckets": 16,
     "timeout": 60.0,
 }
 
@@ -62,8 +85,11 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
         g.add_argument("--seconds", type=float, help="latency: seconds of writing (30)")
         g.add_argument("--rate", type=int, help="latency: writes per second (10000)")
     if scenario in ("fanout", "all"):
-        g.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")],
-                       help="fanout: consumer counts, comma-separated (1,4,16)")
+        g.add_argument(
+            "--clients",
+            type=lambda s: [int(x) for x in s.split(",")],
+            help="fanout: consumer counts, comma-separated (1,4,16)",
+        )
     if scenario in ("slow-consumer", "all"):
         g.add_argument("--keys", type=int, help="slow-consumer: distinct keys (100000)")
         g.add_argument("--quota-mib", type=float, help="slow-consumer: checkpoint quota (256)")
@@ -79,21 +105,31 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
     o.add_argument("--plot", help="write a PNG plot of the results (matplotlib)")
     r = p.add_argument_group("running")
     r.add_argument("--no-peer", action="store_true", help="skip the Redis half")
-    r.add_argument("--no-install", action="store_true",
-                   help="never apt-get install redis-server, even as root")
+    r.add_argument(
+        "--no-install", action="store_true", help="never apt-get install redis-server, even as root"
+    )
     r.add_argument("--timeout", type=float, help="seconds any one step may take (900)")
     r.add_argument("--keep", action="store_true", help="keep scratch dirs and logs")
     r.add_argument("--profile", help="py-spy record our server into this directory")
-    r.add_argument("--code-root", help="run server and clients from another checkout of "
-                   "the project (A/B: e.g. a git worktree of an older commit)")
-    r.add_argument("--server-arg", action="append", metavar="NAME=VALUE",
-                   help="extra dcp-server setting, e.g. log_level=WARNING (repeatable)")
+    r.add_argument(
+        "--code-root",
+        help="run server and clients from another checkout of "
+        "the project (A/B: e.g. a git worktree of an older commit)",
+    )
+    r.add_argument(
+        "--server-arg",
+        action="append",
+        metavar="NAME=VALUE",
+        help="extra dcp-server setting, e.g. log_level=WARNING (repeatable)",
+    )
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench",
-                                 description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.bench",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in [*ORDER, "all"]:
         _common(sub.add_parser(name, help=f"run {name}"), name)
@@ -155,8 +191,13 @@ def run(o: argparse.Namespace, names: list[str]) -> dict[str, Any]:
             TimeElapsedColumn,
         )
 
-        progress = Progress(TextColumn("{task.description:<36}"), BarColumn(),
-                            MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
+        progress = Progress(
+            TextColumn("{task.description:<36}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        )
         progress.start()
         task = progress.add_task("starting", total=_steps(o, names, reason is None))
     last = [None]
@@ -187,8 +228,9 @@ def run(o: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     opts = {k: v for k, v in vars(o).items() if k not in ("json", "output", "plot")}
     return {
         "tool": "tools.bench",
-        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", "-m", "tools.bench",
-                                                      *sys.argv[1:]]),
+        "command": " ".join(
+            shlex.quote(a) for a in [".venv/bin/python", "-m", "tools.bench", *sys.argv[1:]]
+        ),
         "started_at": started,
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": bench_report.machine(),
@@ -210,8 +252,12 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:
                 missing.append(mod)
         print("redis peer:", "ready" if why is None else why)
-        print("python packages:", "all present" if not missing else
-              f"missing {' '.join(missing)} (pip install {' '.join(missing)})")
+        print(
+            "python packages:",
+            "all present"
+            if not missing
+            else f"missing {' '.join(missing)} (pip install {' '.join(missing)})",
+        )
         return 0 if why is None and not missing else 1
     if ns.cmd in ("plot", "table"):
         doc = json.loads(Path(ns.input).read_text())

@@ -99,8 +99,13 @@ class _Proc:
 class OurServer(_Proc):
     """``dcp-server --port 0`` in a subprocess; the port comes from its log line."""
 
-    def __init__(self, data_dir: str, vbuckets: int, extra: dict[str, Any] | None = None,
-                 log_path: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        vbuckets: int,
+        extra: dict[str, Any] | None = None,
+        log_path: str | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.vbuckets = vbuckets
         self.extra = dict(extra or {})
@@ -115,16 +120,29 @@ class OurServer(_Proc):
         fixed = free_port() if quiet else 0
         code_root = os.environ.get("DCP_BENCH_CODE_ROOT")
         exe = [PYTHON, "-m", "dcp.producer"] if code_root else [_server_binary()]
-        args = [*exe, "--port", str(fixed), "--data-dir", self.data_dir,
-                "--num-vbuckets", str(self.vbuckets)]
+        args = [
+            *exe,
+            "--port",
+            str(fixed),
+            "--data-dir",
+            self.data_dir,
+            "--num-vbuckets",
+            str(self.vbuckets),
+        ]
         for k, v in self.extra.items():
             args += ["--" + k.replace("_", "-"), str(v)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DCP_")}
         if code_root:  # --code-root: the server of another checkout (A/B comparisons)
             env["PYTHONPATH"] = code_root
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=code_root or None)  # -m puts the cwd first
+        self.proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=code_root or None,
+        )  # -m puts the cwd first
         self.ps = psutil.Process(self.proc.pid)
         found: queue.Queue[int] = queue.Queue()
         log = open(self.log_path, "a")
@@ -143,14 +161,16 @@ class OurServer(_Proc):
 
         threading.Thread(target=drain, daemon=True).start()
         if fixed:
-            threading.Thread(target=_poll_port, args=(fixed, found, timeout, self.proc),
-                             daemon=True).start()
+            threading.Thread(
+                target=_poll_port, args=(fixed, found, timeout, self.proc), daemon=True
+            ).start()
         try:
             self.port = found.get(timeout=timeout)
         except queue.Empty:
             self.stop()
-            raise BenchError(f"dcp-server did not report its port within {timeout:g}s "
-                             f"(log: {self.log_path})") from None
+            raise BenchError(
+                f"dcp-server did not report its port within {timeout:g}s (log: {self.log_path})"
+            ) from None
         return self
 
     def errors(self) -> list[str]:
@@ -239,10 +259,20 @@ def ensure_redis(install: bool) -> str | None:
         return why + "; not root, so the tool did not install it"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     try:
-        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, timeout=300,
-                       stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "redis-server"], check=True,
-                       env=env, timeout=600, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "update", "-qq"],
+            check=True,
+            env=env,
+            timeout=300,
+            stdout=subprocess.DEVNULL,
+        )
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "redis-server"],
+            check=True,
+            env=env,
+            timeout=600,
+            stdout=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"apt-get install redis-server failed: {exc}"
     return redis_available()
@@ -259,10 +289,29 @@ class RedisServer(_Proc):
         for _attempt in range(5):
             self.port = free_port()
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--save", "", "--appendonly", "no", "--daemonize", "no",
-                 "--dir", self.workdir, "--protected-mode", "yes", "--loglevel", "warning"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--daemonize",
+                    "no",
+                    "--dir",
+                    self.workdir,
+                    "--protected-mode",
+                    "yes",
+                    "--loglevel",
+                    "warning",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             self.ps = psutil.Process(self.proc.pid)
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < timeout and self.proc.poll() is None:
@@ -303,9 +352,13 @@ class Worker(_Proc):
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [PYTHON, str(TOOLS / "worker.py"), role, json.dumps(params)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-            cwd=str(ROOT), env={**os.environ,
-                                "PYTHONPATH": os.environ.get("DCP_BENCH_CODE_ROOT", str(ROOT))})
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            cwd=str(ROOT),
+            env={**os.environ, "PYTHONPATH": os.environ.get("DCP_BENCH_CODE_ROOT", str(ROOT))},
+        )
         self.ps = psutil.Process(self.proc.pid)
         self._events: queue.Queue[dict | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -326,15 +379,15 @@ class Worker(_Proc):
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise BenchError(f"worker {self.role}: no {event!r} within {timeout:g}s "
-                                 f"(log: {self.log_path})")
+                raise BenchError(
+                    f"worker {self.role}: no {event!r} within {timeout:g}s (log: {self.log_path})"
+                )
             try:
                 msg = self._events.get(timeout=left)
             except queue.Empty:
                 continue
             if msg is None:
-                raise BenchError(f"worker {self.role} exited before {event!r}: "
-                                 f"{self._tail()}")
+                raise BenchError(f"worker {self.role} exited before {event!r}: {self._tail()}")
             if msg.get("event") == "error":
                 raise BenchError(f"worker {self.role}: {msg.get('error')}")
             if msg.get("event") == event:
@@ -384,10 +437,25 @@ class Profiler:
         tag = os.environ.get("DCP_BENCH_SCENARIO", "bench")
         for label, pid in pids.items():
             path = os.path.join(self.out, f"{tag}-{label}-{pid}.txt")
-            self._procs.append(subprocess.Popen(
-                [self.spy, "record", "-p", str(pid), "-o", path, "-f", "raw", "-r", "250",
-                 *(["--idle"] if os.environ.get("DCP_BENCH_PROFILE_IDLE") else [])],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self._procs.append(
+                subprocess.Popen(
+                    [
+                        self.spy,
+                        "record",
+                        "-p",
+                        str(pid),
+                        "-o",
+                        path,
+                        "-f",
+                        "raw",
+                        "-r",
+                        "250",
+                        *(["--idle"] if os.environ.get("DCP_BENCH_PROFILE_IDLE") else []),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         time.sleep(0.3)  # let py-spy attach before the phase starts
         return self
 
@@ -431,8 +499,9 @@ class RssSampler:
                         file += int(line.split()[1]) * 1024
             except OSError:
                 pass
-            self.samples.append((round(time.perf_counter() - self._t0, 3),
-                                 self.proc.rss(), self.phase, anon, file))
+            self.samples.append(
+                (round(time.perf_counter() - self._t0, 3), self.proc.rss(), self.phase, anon, file)
+            )
 
     def stop(self) -> list[tuple[float, int, str, int, int]]:
         self._stop.set()

@@ -69,14 +69,17 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {
-        "cpu": cpu, "cores": os.cpu_count(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "kernel": platform.release(), "python": platform.python_version(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     try:
-        out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True,
-                             timeout=10).stdout
+        out = subprocess.run(
+            ["redis-server", "--version"], capture_output=True, text=True, timeout=10
+        ).stdout
         info["redis_server"] = out.split("v=")[1].split()[0] if "v=" in out else out.strip()
     except (OSError, subprocess.SubprocessError, IndexError):
         info["redis_server"] = None
@@ -119,8 +122,9 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         return "-" if not s or s.get(k) is None else f"{s[k]:.2f}"
 
     def rss(s: dict | None) -> str:
-        return "-" if not s or not s.get("server_peak_rss_mib") else \
-            f"{s['server_peak_rss_mib']:.0f}"
+        return (
+            "-" if not s or not s.get("server_peak_rss_mib") else f"{s['server_peak_rss_mib']:.0f}"
+        )
 
     def met(r: dict) -> str:
         return {True: "yes", False: "NO", None: ""}[r.get("met")]
@@ -131,29 +135,54 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
             o, p = sub.get("ours"), sub.get("peer")
             ratio = sub.get("ratio")
             frac = r.get("ceiling_fraction")
-            out.append([
-                sub["name"], sub["metric"], _fmt(sub["name"], o),
-                _fmt(sub["name"], p) if p else "-",
-                f"{ratio:.2f}x" if ratio and sub is r else (f"{ratio:.2f}x" if ratio else "-"),
-                f"{cpu(o, 'server_cpu_s')} / {cpu(p, 'server_cpu_s')}",
-                f"{cpu(o, 'client_cpu_s')} / {cpu(p, 'client_cpu_s')}",
-                f"{rss(o)} / {rss(p)}",
-                f"{frac:.0%}" if frac else "",
-                r.get("goal", "") if sub is subs[-1] else "",
-                met(r) if sub is subs[-1] else "",
-            ])
+            out.append(
+                [
+                    sub["name"],
+                    sub["metric"],
+                    _fmt(sub["name"], o),
+                    _fmt(sub["name"], p) if p else "-",
+                    f"{ratio:.2f}x" if ratio and sub is r else (f"{ratio:.2f}x" if ratio else "-"),
+                    f"{cpu(o, 'server_cpu_s')} / {cpu(p, 'server_cpu_s')}",
+                    f"{cpu(o, 'client_cpu_s')} / {cpu(p, 'client_cpu_s')}",
+                    f"{rss(o)} / {rss(p)}",
+                    f"{frac:.0%}" if frac else "",
+                    r.get("goal", "") if sub is subs[-1] else "",
+                    met(r) if sub is subs[-1] else "",
+                ]
+            )
         if r["name"] == "fanout" and r.get("ours_extra_us") is not None:
             pe = r.get("peer_extra_us")
-            out.append(["fanout slope", "server CPU us per extra delivered",
-                         f"{r['ours_extra_us']:.3f} us", f"{pe:.3f} us" if pe else "-",
-                         f"{r['ratio']:.2f}x" if r.get("ratio") else "-", "", "", "", "",
-                         r.get("goal", ""), met(r)])
+            out.append(
+                [
+                    "fanout slope",
+                    "server CPU us per extra delivered",
+                    f"{r['ours_extra_us']:.3f} us",
+                    f"{pe:.3f} us" if pe else "-",
+                    f"{r['ratio']:.2f}x" if r.get("ratio") else "-",
+                    "",
+                    "",
+                    "",
+                    "",
+                    r.get("goal", ""),
+                    met(r),
+                ]
+            )
     return out
 
 
-HEADERS = ["scenario", "metric", "ours median [min-max]", "peer median [min-max]",
-           "ours/peer", "server CPU s (ours / peer)", "client CPU s (ours / peer)",
-           "server peak RSS MiB (ours / peer)", "of ceiling", "goal", "met"]
+HEADERS = [
+    "scenario",
+    "metric",
+    "ours median [min-max]",
+    "peer median [min-max]",
+    "ours/peer",
+    "server CPU s (ours / peer)",
+    "client CPU s (ours / peer)",
+    "server peak RSS MiB (ours / peer)",
+    "of ceiling",
+    "goal",
+    "met",
+]
 
 
 def print_table(doc: dict[str, Any], file: Any = None) -> None:
@@ -171,15 +200,18 @@ def print_table(doc: dict[str, Any], file: Any = None) -> None:
         if r.get("peer_skipped"):
             console.print(f"[dim]{name}: peer: {r['peer_skipped']}[/dim]")
         if not r.get("ok", True):
-            console.print(f"[bold red]{name}: delivered counts did not match what was "
-                          f"written[/bold red]")
+            console.print(
+                f"[bold red]{name}: delivered counts did not match what was written[/bold red]"
+            )
     lat = doc["results"].get("latency")
     if lat:
         for side in ("ours", "peer"):
             s = lat.get(side)
             if s:
-                console.print(f"latency {side}: p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f}"
-                              f" ms, p99.9 {s['p999_ms']:.2f} ms, max {s['max_ms']:.2f} ms")
+                console.print(
+                    f"latency {side}: p50 {s['p50_ms']:.2f} ms, p99 {s['p99_ms']:.2f}"
+                    f" ms, p99.9 {s['p999_ms']:.2f} ms, max {s['max_ms']:.2f} ms"
+                )
 
 
 def markdown_table(doc: dict[str, Any]) -> str:
@@ -206,17 +238,28 @@ def plot(doc: dict[str, Any], path: str) -> None:
     ours = [(res[n]["ours"]["median"] or 0) / 1e3 for n in names]
     peer = [((res[n].get("peer") or {}).get("median") or 0) / 1e3 for n in names]
     ax.bar([x - 0.2 for x in xs], ours, 0.4, label="ours (dcp-server + SDK)", color="#1f77b4")
-    ax.bar([x + 0.2 for x in xs], peer, 0.4, label="Redis Streams + redis-py/hiredis",
-           color="#d62728")
+    ax.bar(
+        [x + 0.2 for x in xs], peer, 0.4, label="Redis Streams + redis-py/hiredis", color="#d62728"
+    )
     for x, n in zip(xs, names, strict=True):
         for dx, s in ((-0.2, res[n]["ours"]), (0.2, res[n].get("peer"))):
             if not s or s.get("median") is None:
                 continue
-            ax.errorbar(x + dx, s["median"] / 1e3, yerr=[[(s["median"] - s["min"]) / 1e3],
-                                                         [(s["max"] - s["median"]) / 1e3]],
-                        color="k", capsize=3)
-            ax.text(x + dx, s["max"] / 1e3, f"{s['median'] / 1e3:,.0f}", ha="center",
-                    va="bottom", fontsize=8)
+            ax.errorbar(
+                x + dx,
+                s["median"] / 1e3,
+                yerr=[[(s["median"] - s["min"]) / 1e3], [(s["max"] - s["median"]) / 1e3]],
+                color="k",
+                capsize=3,
+            )
+            ax.text(
+                x + dx,
+                s["max"] / 1e3,
+                f"{s['median'] / 1e3:,.0f}",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("k items/s (median, bars = min-max)")
     ax.set_title("Throughput per scenario")
@@ -228,8 +271,9 @@ def plot(doc: dict[str, Any], path: str) -> None:
         ns = [r["consumers"] for r in fo["rows"]]
         ax.plot(ns, [r["ours"]["median"] for r in fo["rows"]], "o-", label="ours")
         if all(r.get("peer") for r in fo["rows"]):
-            ax.plot(ns, [r["peer"]["median"] for r in fo["rows"]], "s-", color="#d62728",
-                    label="Redis")
+            ax.plot(
+                ns, [r["peer"]["median"] for r in fo["rows"]], "s-", color="#d62728", label="Redis"
+            )
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
         ax.set_xlabel("consumers")
@@ -244,9 +288,13 @@ def plot(doc: dict[str, Any], path: str) -> None:
         for i, (side, color) in enumerate((("ours", "#1f77b4"), ("peer", "#d62728"))):
             s = lat.get(side)
             if s:
-                ax.bar([x + (i - 0.5) * 0.4 for x in range(len(qs))],
-                       [s[q + "_ms"] for q in qs], 0.4, color=color,
-                       label="ours" if side == "ours" else "Redis")
+                ax.bar(
+                    [x + (i - 0.5) * 0.4 for x in range(len(qs))],
+                    [s[q + "_ms"] for q in qs],
+                    0.4,
+                    color=color,
+                    label="ours" if side == "ours" else "Redis",
+                )
         ax.set_xticks(range(len(qs)), ["p50", "p99", "p99.9", "max"])
         ax.set_yscale("log")
         ax.set_ylabel("write ack -> delivery, ms")
@@ -267,20 +315,29 @@ def plot(doc: dict[str, Any], path: str) -> None:
         ax.axhline(slow["quota_mib"], ls="--", color="gray", lw=1, label="checkpoint quota")
         ax.axhline(slow["limit_mib"], ls=":", color="r", lw=1, label="quota + 150 MiB")
         if run.get("checkpoint_memory_mib_after_writes") is not None:
-            ax.plot([ts[-1]], [run["checkpoint_memory_mib_after_writes"]], "kx",
-                    label="checkpoint memory (accounted) after writes")
+            ax.plot(
+                [ts[-1]],
+                [run["checkpoint_memory_mib_after_writes"]],
+                "kx",
+                label="checkpoint memory (accounted) after writes",
+            )
         t = next((s[0] for s in samples if s[2] == "drain"), None)
         if t is not None:
             ax.axvline(t, color="k", lw=0.5)
             ax.text(t, slow["limit_mib"] * 1.02, "resume ", fontsize=8, ha="right")
         ax.set_xlabel("seconds")
         ax.set_ylabel("MiB")
-        ax.set_title(f"Slow consumer: {slow['params']['items']:,} writes, "
-                     f"{slow['params']['keys']:,} keys, consumer stalled")
+        ax.set_title(
+            f"Slow consumer: {slow['params']['items']:,} writes, "
+            f"{slow['params']['keys']:,} keys, consumer stalled"
+        )
         ax.legend(loc="lower right", fontsize=7)
     m = doc.get("machine", {})
-    fig.suptitle(f"dcp bench on {m.get('cores')} cores, {m.get('cpu', '')} "
-                 f"(medians of {doc.get('options', {}).get('reps')} reps)", fontsize=10)
+    fig.suptitle(
+        f"dcp bench on {m.get('cores')} cores, {m.get('cpu', '')} "
+        f"(medians of {doc.get('options', {}).get('reps')} reps)",
+        fontsize=10,
+    )
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)

@@ -35,8 +35,7 @@ REDIS_XADD = "Redis Streams, pipelined XADD (redis-py + hiredis)"
 class Ctx:
     """What a scenario needs: options, the scratch area, progress, the peer's status."""
 
-    def __init__(self, opts: Any, peer_reason: str | None,
-                 progress: Callable[[str], None]) -> None:
+    def __init__(self, opts: Any, peer_reason: str | None, progress: Callable[[str], None]) -> None:
         self.o = opts
         self.peer_reason = peer_reason  # None: the Redis peer runs
         self.step = progress
@@ -49,8 +48,12 @@ class Ctx:
         return Scratch(keep=self.o.keep)
 
     def wparams(self, **kw: Any) -> dict[str, Any]:
-        return {"timeout": self.o.timeout, "value_size": self.o.value_size,
-                "vbuckets": self.o.vbuckets, **kw}
+        return {
+            "timeout": self.o.timeout,
+            "value_size": self.o.value_size,
+            "vbuckets": self.o.vbuckets,
+            **kw,
+        }
 
     def server_args(self, **extra: Any) -> dict[str, Any]:
         """Flags for ``dcp-server``: the scenario's, then ``--server-arg`` overrides."""
@@ -61,8 +64,12 @@ class Ctx:
         return out
 
     def server(self, sc: Scratch, name: str = "data", **extra: Any) -> OurServer:
-        return OurServer(sc.sub(name), self.o.vbuckets, self.server_args(**extra),
-                         log_path=f"{sc.path}/server-{name}.log").start()
+        return OurServer(
+            sc.sub(name),
+            self.o.vbuckets,
+            self.server_args(**extra),
+            log_path=f"{sc.path}/server-{name}.log",
+        ).start()
 
 
 def summarize(runs: list[dict[str, Any]], key: str = "rate") -> dict[str, Any]:
@@ -80,14 +87,17 @@ def summarize(runs: list[dict[str, Any]], key: str = "rate") -> dict[str, Any]:
         "server_cpu_s": med("server_cpu_s"),
         "client_cpu_s": med("client_cpu_s"),
         "server_peak_rss_mib": max((r.get("server_peak_rss_mib") or 0) for r in runs)
-        if runs else None,
+        if runs
+        else None,
         "client_peak_rss_mib": max((r.get("client_peak_rss_mib") or 0) for r in runs)
-        if runs else None,
+        if runs
+        else None,
     }
 
 
-def _alternate(ctx: Ctx, reps: int, ours: Callable[[], dict], peer: Callable[[], dict] | None,
-               what: str) -> tuple[list[dict], list[dict]]:
+def _alternate(
+    ctx: Ctx, reps: int, ours: Callable[[], dict], peer: Callable[[], dict] | None, what: str
+) -> tuple[list[dict], list[dict]]:
     """ours, peer, peer, ours, ours, peer... (the order flips every repetition)."""
     a: list[dict] = []
     b: list[dict] = []
@@ -115,11 +125,28 @@ def _finish(res: dict[str, Any], srv: Any, cpu0: tuple[float, float], n: int) ->
     return res
 
 
-def _scenario(name: str, metric: str, params: dict, ours: list, peer: list | None,
-              peer_name: str | None, ctx: Ctx, ok: bool, key: str = "rate") -> dict[str, Any]:
-    out: dict[str, Any] = {"name": name, "metric": metric, "params": params,
-                           "ours": summarize(ours, key), "peer": None, "peer_name": peer_name,
-                           "peer_skipped": None, "ratio": None, "ok": ok}
+def _scenario(
+    name: str,
+    metric: str,
+    params: dict,
+    ours: list,
+    peer: list | None,
+    peer_name: str | None,
+    ctx: Ctx,
+    ok: bool,
+    key: str = "rate",
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": name,
+        "metric": metric,
+        "params": params,
+        "ours": summarize(ours, key),
+        "peer": None,
+        "peer_name": peer_name,
+        "peer_skipped": None,
+        "ratio": None,
+        "ok": ok,
+    }
     if peer_name is not None:
         if peer:
             out["peer"] = summarize(peer, key)
@@ -133,10 +160,12 @@ def _scenario(name: str, metric: str, params: dict, ours: list, peer: list | Non
 # ---------------------------------------------------------------------- write helpers
 
 
-def _write_ours(ctx: Ctx, port: int, items: int, profile: OurServer | None = None,
-                **kw: Any) -> dict[str, Any]:
-    w = Worker("ours-writer", ctx.wparams(port=port, items=items, batch=ctx.o.batch, **kw),
-               ctx.o.log_dir)
+def _write_ours(
+    ctx: Ctx, port: int, items: int, profile: OurServer | None = None, **kw: Any
+) -> dict[str, Any]:
+    w = Worker(
+        "ours-writer", ctx.wparams(port=port, items=items, batch=ctx.o.batch, **kw), ctx.o.log_dir
+    )
     try:
         w.expect("ready", 60)
         prof = Profiler()
@@ -151,8 +180,9 @@ def _write_ours(ctx: Ctx, port: int, items: int, profile: OurServer | None = Non
 
 
 def _write_redis(ctx: Ctx, port: int, items: int) -> dict[str, Any]:
-    w = Worker("redis-writer", ctx.wparams(port=port, items=items, batch=ctx.o.batch),
-               ctx.o.log_dir)
+    w = Worker(
+        "redis-writer", ctx.wparams(port=port, items=items, batch=ctx.o.batch), ctx.o.log_dir
+    )
     try:
         w.expect("ready", 60)
         w.send("go")
@@ -172,8 +202,11 @@ def _ours_memory_run(ctx: Ctx, items: int, clients: int) -> dict[str, Any]:
     sc = ctx.scratch()
     srv = ctx.server(sc, checkpoint_memory_quota=_memory_quota(items))
     try:
-        cons = Worker("ours-consumer", ctx.wparams(port=srv.port, expect=items, clients=clients,
-                                                   mode="memory"), ctx.o.log_dir)
+        cons = Worker(
+            "ours-consumer",
+            ctx.wparams(port=srv.port, expect=items, clients=clients, mode="memory"),
+            ctx.o.log_dir,
+        )
         try:
             cons.expect("registered", 120)
             _write_ours(ctx, srv.port, items)
@@ -186,8 +219,12 @@ def _ours_memory_run(ctx: Ctx, items: int, clients: int) -> dict[str, Any]:
         finally:
             cons.close()
         n = sum(res["counts"])
-        res.update(count=n, expected=items * clients, rate=items / res["seconds"],
-                   delivered_rate=n / res["seconds"])
+        res.update(
+            count=n,
+            expected=items * clients,
+            rate=items / res["seconds"],
+            delivered_rate=n / res["seconds"],
+        )
         return _finish(res, srv, cpu0, n)
     finally:
         srv.stop()
@@ -199,8 +236,11 @@ def _redis_memory_run(ctx: Ctx, items: int, clients: int) -> dict[str, Any]:
     srv = RedisServer(sc.path).start()
     try:
         _write_redis(ctx, srv.port, items)
-        r = Worker("redis-reader", ctx.wparams(port=srv.port, expect=items, clients=clients,
-                                               count=1000), ctx.o.log_dir)
+        r = Worker(
+            "redis-reader",
+            ctx.wparams(port=srv.port, expect=items, clients=clients, count=1000),
+            ctx.o.log_dir,
+        )
         try:
             r.expect("ready", 60)
             cpu0 = srv.cpu_split()
@@ -209,8 +249,12 @@ def _redis_memory_run(ctx: Ctx, items: int, clients: int) -> dict[str, Any]:
         finally:
             r.close()
         n = sum(res["counts"])
-        res.update(count=n, expected=items * clients, rate=items / res["seconds"],
-                   delivered_rate=n / res["seconds"])
+        res.update(
+            count=n,
+            expected=items * clients,
+            rate=items / res["seconds"],
+            delivered_rate=n / res["seconds"],
+        )
         return _finish(res, srv, cpu0, n)
     finally:
         srv.stop()
@@ -219,12 +263,17 @@ def _redis_memory_run(ctx: Ctx, items: int, clients: int) -> dict[str, Any]:
 
 def stream_memory(ctx: Ctx) -> dict[str, Any]:
     items = ctx.o.items
-    ours, peer = _alternate(ctx, ctx.o.reps, lambda: _ours_memory_run(ctx, items, 1),
-                            (lambda: _redis_memory_run(ctx, items, 1)) if ctx.peer else None,
-                            "stream-memory")
+    ours, peer = _alternate(
+        ctx,
+        ctx.o.reps,
+        lambda: _ours_memory_run(ctx, items, 1),
+        (lambda: _redis_memory_run(ctx, items, 1)) if ctx.peer else None,
+        "stream-memory",
+    )
     ok = all(r["count"] == r["expected"] for r in ours + peer)
-    return _scenario("stream-memory", "mutations/s", {"items": items}, ours, peer,
-                     REDIS_STREAM, ctx, ok)
+    return _scenario(
+        "stream-memory", "mutations/s", {"items": items}, ours, peer, REDIS_STREAM, ctx, ok
+    )
 
 
 # ---------------------------------------------------------------------- stream-disk
@@ -233,17 +282,22 @@ def stream_memory(ctx: Ctx) -> dict[str, Any]:
 def _ours_disk_run(ctx: Ctx, items: int) -> dict[str, Any]:
     sc = ctx.scratch()
     data = sc.sub("data")
-    srv = OurServer(data, ctx.o.vbuckets, ctx.server_args(),
-                    log_path=f"{sc.path}/server-1.log").start()
+    srv = OurServer(
+        data, ctx.o.vbuckets, ctx.server_args(), log_path=f"{sc.path}/server-1.log"
+    ).start()
     try:
         _write_ours(ctx, srv.port, items)
     finally:
         srv.stop()
-    srv = OurServer(data, ctx.o.vbuckets, ctx.server_args(),
-                    log_path=f"{sc.path}/server-2.log").start()
+    srv = OurServer(
+        data, ctx.o.vbuckets, ctx.server_args(), log_path=f"{sc.path}/server-2.log"
+    ).start()
     try:
-        cons = Worker("ours-consumer", ctx.wparams(port=srv.port, expect=items, clients=1,
-                                                   mode="disk"), ctx.o.log_dir)
+        cons = Worker(
+            "ours-consumer",
+            ctx.wparams(port=srv.port, expect=items, clients=1, mode="disk"),
+            ctx.o.log_dir,
+        )
         try:
             cons.expect("ready", 60)
             prof = Profiler().start(server=srv.proc.pid, client=cons.proc.pid)
@@ -263,8 +317,7 @@ def _ours_disk_run(ctx: Ctx, items: int) -> dict[str, Any]:
 
 def stream_disk(ctx: Ctx) -> dict[str, Any]:
     items = ctx.o.items
-    ours, _ = _alternate(ctx, ctx.o.reps, lambda: _ours_disk_run(ctx, items), None,
-                         "stream-disk")
+    ours, _ = _alternate(ctx, ctx.o.reps, lambda: _ours_disk_run(ctx, items), None, "stream-disk")
     ok = all(r["count"] == r["expected"] for r in ours)
     out = _scenario("stream-disk", "mutations/s", {"items": items}, ours, None, None, ctx, ok)
     out["peer_skipped"] = "no peer: Redis runs with persistence off and has no disk read path"
@@ -283,8 +336,12 @@ def _ours_ingest_run(ctx: Ctx, items: int) -> dict[str, Any]:
         res = _write_ours(ctx, srv.port, items, profile=srv)
         cpu_acked = srv.cpu() - sum(cpu0)
         wait_persisted(srv.port, ctx.o.timeout)
-        res.update(expected=items, rate=res["count"] / res["seconds"],
-                   persisted_s=time.perf_counter() - t0, server_cpu_acked_s=cpu_acked)
+        res.update(
+            expected=items,
+            rate=res["count"] / res["seconds"],
+            persisted_s=time.perf_counter() - t0,
+            server_cpu_acked_s=cpu_acked,
+        )
         return _finish(res, srv, cpu0, res["count"])
     finally:
         srv.stop()
@@ -306,12 +363,24 @@ def _redis_ingest_run(ctx: Ctx, items: int) -> dict[str, Any]:
 
 def ingest(ctx: Ctx) -> dict[str, Any]:
     items = ctx.o.items
-    ours, peer = _alternate(ctx, ctx.o.reps, lambda: _ours_ingest_run(ctx, items),
-                            (lambda: _redis_ingest_run(ctx, items)) if ctx.peer else None,
-                            "ingest")
+    ours, peer = _alternate(
+        ctx,
+        ctx.o.reps,
+        lambda: _ours_ingest_run(ctx, items),
+        (lambda: _redis_ingest_run(ctx, items)) if ctx.peer else None,
+        "ingest",
+    )
     ok = all(r["count"] == r["expected"] for r in ours + peer)
-    return _scenario("ingest", "writes/s", {"items": items, "batch": ctx.o.batch}, ours, peer,
-                     REDIS_XADD, ctx, ok)
+    return _scenario(
+        "ingest",
+        "writes/s",
+        {"items": items, "batch": ctx.o.batch},
+        ours,
+        peer,
+        REDIS_XADD,
+        ctx,
+        ok,
+    )
 
 
 # ---------------------------------------------------------------------- fanout
@@ -323,32 +392,54 @@ def fanout(ctx: Ctx) -> dict[str, Any]:
     by_n: dict[int, tuple[list, list]] = {}
     for n in counts:
         by_n[n] = _alternate(
-            ctx, ctx.o.reps, lambda n=n: _ours_memory_run(ctx, items, n),
+            ctx,
+            ctx.o.reps,
+            lambda n=n: _ours_memory_run(ctx, items, n),
             (lambda n=n: _redis_memory_run(ctx, items, n)) if ctx.peer else None,
-            f"fanout x{n}")
+            f"fanout x{n}",
+        )
     rows = []
     ok = True
     for n, (ours, peer) in by_n.items():
         ok = ok and all(r["count"] == r["expected"] for r in ours + peer)
-        row = _scenario(f"fanout x{n}", "server CPU us per delivered mutation",
-                        {"items": items, "consumers": n}, ours, peer,
-                        REDIS_STREAM, ctx, ok,
-                        key="server_cpu_us_per_item")
+        row = _scenario(
+            f"fanout x{n}",
+            "server CPU us per delivered mutation",
+            {"items": items, "consumers": n},
+            ours,
+            peer,
+            REDIS_STREAM,
+            ctx,
+            ok,
+            key="server_cpu_us_per_item",
+        )
         row["consumers"] = n
         rows.append(row)
     out: dict[str, Any] = {
-        "name": "fanout", "metric": "server CPU us per extra delivered mutation",
-        "params": {"items": items, "consumers": counts}, "rows": rows, "ok": ok,
-        "peer_name": REDIS_STREAM, "peer_skipped": None if ctx.peer else ctx.peer_reason,
-        "ours": None, "peer": None, "ratio": None}
+        "name": "fanout",
+        "metric": "server CPU us per extra delivered mutation",
+        "params": {"items": items, "consumers": counts},
+        "rows": rows,
+        "ok": ok,
+        "peer_name": REDIS_STREAM,
+        "peer_skipped": None if ctx.peer else ctx.peer_reason,
+        "ours": None,
+        "peer": None,
+        "ratio": None,
+    }
     lo, hi = min(counts), max(counts)
     if hi > lo:
         # per repetition: (CPU with the most consumers - CPU with the fewest) / extra deliveries
         for side, idx in (("ours", 0), ("peer", 1)):
             a, b = by_n[lo][idx], by_n[hi][idx]
-            slopes = [{"extra_us": (y["server_cpu_s"] - x["server_cpu_s"])
-                       / ((hi - lo) * items) * 1e6, "count": y["count"],
-                       "expected": y["expected"]} for x, y in zip(a, b, strict=False)]
+            slopes = [
+                {
+                    "extra_us": (y["server_cpu_s"] - x["server_cpu_s"]) / ((hi - lo) * items) * 1e6,
+                    "count": y["count"],
+                    "expected": y["expected"],
+                }
+                for x, y in zip(a, b, strict=False)
+            ]
             if slopes:
                 out[side] = summarize(slopes, key="extra_us")
                 out[f"{side}_extra_us"] = out[side]["median"]
@@ -364,8 +455,11 @@ def _latency_run(ctx: Ctx, side: str) -> dict[str, Any]:
     sc = ctx.scratch()
     srv = ctx.server(sc) if side == "ours" else RedisServer(sc.path).start()
     try:
-        w = Worker(f"{side}-latency", ctx.wparams(port=srv.port, rate=ctx.o.rate,
-                                                  seconds=ctx.o.seconds), ctx.o.log_dir)
+        w = Worker(
+            f"{side}-latency",
+            ctx.wparams(port=srv.port, rate=ctx.o.rate, seconds=ctx.o.seconds),
+            ctx.o.log_dir,
+        )
         try:
             w.expect("ready", 120)
             prof = Profiler()
@@ -387,14 +481,25 @@ def _latency_run(ctx: Ctx, side: str) -> dict[str, Any]:
 
 
 def latency(ctx: Ctx) -> dict[str, Any]:
-    ours, peer = _alternate(ctx, ctx.o.reps, lambda: _latency_run(ctx, "ours"),
-                            (lambda: _latency_run(ctx, "redis")) if ctx.peer else None,
-                            "latency")
+    ours, peer = _alternate(
+        ctx,
+        ctx.o.reps,
+        lambda: _latency_run(ctx, "ours"),
+        (lambda: _latency_run(ctx, "redis")) if ctx.peer else None,
+        "latency",
+    )
     ok = all(r["count"] == r["expected"] for r in ours + peer)
-    out = _scenario("latency", "write-ack -> delivery p99 (ms)",
-                    {"rate": ctx.o.rate, "seconds": ctx.o.seconds}, ours, peer,
-                    "Redis Streams, XADD + XREAD BLOCK (redis-py + hiredis)", ctx, ok,
-                    key="p99_ms")
+    out = _scenario(
+        "latency",
+        "write-ack -> delivery p99 (ms)",
+        {"rate": ctx.o.rate, "seconds": ctx.o.seconds},
+        ours,
+        peer,
+        "Redis Streams, XADD + XREAD BLOCK (redis-py + hiredis)",
+        ctx,
+        ok,
+        key="p99_ms",
+    )
     for side in ("ours", "peer"):
         s = out[side]
         if s:
@@ -415,11 +520,18 @@ def slow_consumer(ctx: Ctx) -> dict[str, Any]:
         ctx.step(f"slow-consumer: ours rep {rep + 1}/{reps}")
         runs.append(_slow_run(ctx, quota))
     ok = all(r["ok"] for r in runs)
-    out = _scenario("slow-consumer", "peak server RSS (MiB)",
-                    {"items": o.slow_items, "keys": o.keys, "quota_mib": o.quota_mib},
-                    runs, None, None, ctx, ok, key="server_peak_rss_mib")
-    out["peer_skipped"] = ("no peer: a Redis stream has no quota; an unread stream keeps "
-                           "every entry")
+    out = _scenario(
+        "slow-consumer",
+        "peak server RSS (MiB)",
+        {"items": o.slow_items, "keys": o.keys, "quota_mib": o.quota_mib},
+        runs,
+        None,
+        None,
+        ctx,
+        ok,
+        key="server_peak_rss_mib",
+    )
+    out["peer_skipped"] = "no peer: a Redis stream has no quota; an unread stream keeps every entry"
     out["quota_mib"] = o.quota_mib
     out["limit_mib"] = o.quota_mib + 150
     return out
@@ -431,8 +543,11 @@ def _slow_run(ctx: Ctx, quota: int) -> dict[str, Any]:
     srv = ctx.server(sc, checkpoint_memory_quota=quota)
     sampler = RssSampler(srv, 0.25).start()
     try:
-        cons = Worker("ours-slow-consumer", ctx.wparams(port=srv.port, items=o.slow_items,
-                                                        keys=o.keys), ctx.o.log_dir)
+        cons = Worker(
+            "ours-slow-consumer",
+            ctx.wparams(port=srv.port, items=o.slow_items, keys=o.keys),
+            ctx.o.log_dir,
+        )
         try:
             cons.expect("registered", 120)
             sampler.phase = "write"
@@ -450,17 +565,26 @@ def _slow_run(ctx: Ctx, quota: int) -> dict[str, Any]:
         samples = sampler.stop()
         peak = srv.peak_rss()
         res.update(
-            write_seconds=write_s, write_rate=wres["count"] / write_s,
-            writes=wres["count"], drain_seconds=res["seconds"],
+            write_seconds=write_s,
+            write_rate=wres["count"] / write_s,
+            writes=wres["count"],
+            drain_seconds=res["seconds"],
             cursors_dropped=int(st.get("ep_cursors_dropped", 0)),
             server_peak_rss_mib=peak / MiB,
             client_peak_rss_mib=res.pop("client_peak_rss", 0) / MiB,
-            rss_samples=[(t, round(r / MiB, 1), ph, round(a / MiB, 1), round(f / MiB, 1))
-                         for t, r, ph, a, f in samples],
+            rss_samples=[
+                (t, round(r / MiB, 1), ph, round(a / MiB, 1), round(f / MiB, 1))
+                for t, r, ph, a, f in samples
+            ],
             checkpoint_memory_mib_after_writes=int(st.get("ep_checkpoint_memory", 0)) / MiB,
-            count=res["keys_final"], expected=res["keys_expected"])
-        res["ok"] = (res["keys_final"] == res["keys_expected"]
-                     and res["wrong_last_values"] == 0 and res["regressions"] == 0)
+            count=res["keys_final"],
+            expected=res["keys_expected"],
+        )
+        res["ok"] = (
+            res["keys_final"] == res["keys_expected"]
+            and res["wrong_last_values"] == 0
+            and res["regressions"] == 0
+        )
         res["within_limit"] = peak <= quota + 150 * MiB
         return res
     finally:
@@ -486,16 +610,25 @@ def _ceiling_run(ctx: Ctx, items: int, decode: bool) -> dict[str, Any]:
             send.close()
     finally:
         recv.close()
-    res.update(expected=items, rate=res["count"] / res["seconds"], frame_bytes=frame,
-               mb_per_s=res["count"] * frame / res["seconds"] / 1e6,
-               client_peak_rss_mib=res.pop("client_peak_rss", 0) / MiB)
+    res.update(
+        expected=items,
+        rate=res["count"] / res["seconds"],
+        frame_bytes=frame,
+        mb_per_s=res["count"] * frame / res["seconds"] / 1e6,
+        client_peak_rss_mib=res.pop("client_peak_rss", 0) / MiB,
+    )
     return res
 
 
 def ceiling(ctx: Ctx) -> dict[str, Any]:
     items = ctx.o.items
-    dec, frm = _alternate(ctx, ctx.o.reps, lambda: _ceiling_run(ctx, items, True),
-                          lambda: _ceiling_run(ctx, items, False), "ceiling")
+    dec, frm = _alternate(
+        ctx,
+        ctx.o.reps,
+        lambda: _ceiling_run(ctx, items, True),
+        lambda: _ceiling_run(ctx, items, False),
+        "ceiling",
+    )
     ok = all(r["count"] == r["expected"] for r in dec + frm)
     out = _scenario("ceiling", "messages/s", {"items": items}, dec, None, None, ctx, ok)
     out["frame_only"] = summarize(frm)

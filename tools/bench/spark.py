@@ -42,9 +42,20 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def start_server(data_dir: str, vbuckets: int, history: bool) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "dcp.producer", "--port", "0", "--data-dir", data_dir,
-           *os.environ.get("BENCH_SERVER_ARGS", "").split(),
-           "--num-vbuckets", str(vbuckets), "--log-level", "INFO"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dcp.producer",
+        "--port",
+        "0",
+        "--data-dir",
+        data_dir,
+        *os.environ.get("BENCH_SERVER_ARGS", "").split(),
+        "--num-vbuckets",
+        str(vbuckets),
+        "--log-level",
+        "INFO",
+    ]
     if history:
         cmd += ["--history-seconds", "3600"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
@@ -78,9 +89,18 @@ def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> No
         for start in range(1, per[vb] + 1, snapshot):
             end = min(per[vb], start + snapshot - 1)
             for f in [codec.snapshot_marker(vb, 0, start, end, 0x05)] + [
-                    codec.mutation(vb, 0, i, 1, b"doc%09d" % (i * vbuckets + vb), value,
-                                   cas=1_700_000_000_000_000_000 + i, flags=7)
-                    for i in range(start, end + 1)]:
+                codec.mutation(
+                    vb,
+                    0,
+                    i,
+                    1,
+                    b"doc%09d" % (i * vbuckets + vb),
+                    value,
+                    cas=1_700_000_000_000_000_000 + i,
+                    flags=7,
+                )
+                for i in range(start, end + 1)
+            ]:
                 parts.append(f)
                 offs.append(pos)
                 pos += len(f)
@@ -104,13 +124,15 @@ def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> No
                         continue  # a refused DCP message: the replay does not care
                     op, o = f.opcode, f.opaque
                     if op == Opcode.GET_ALL_VB_SEQNOS:
-                        out = codec.response(op, opaque=o, value=codec.all_vb_seqnos_value(
-                            sorted(per.items())))
+                        out = codec.response(
+                            op, opaque=o, value=codec.all_vb_seqnos_value(sorted(per.items()))
+                        )
                     elif op in (Opcode.DCP_GET_FAILOVER_LOG,):
                         out = codec.response(op, opaque=o, value=log)
                     elif op == Opcode.DCP_CLOSE_STREAM:
                         out = codec.response(op, opaque=o) + codec.stream_end(
-                            f.vbucket, opaques.get(f.vbucket, 0), 1)
+                            f.vbucket, opaques.get(f.vbucket, 0), 1
+                        )
                     elif op == Opcode.DCP_STREAM_REQ:
                         opaques[f.vbucket] = o
                         raw, offs = encoded[f.vbucket]
@@ -135,12 +157,16 @@ def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> No
         threading.Thread(target=handle, args=(conn,), daemon=True).start()
 
 
-def start_replay(rows: int, vbuckets: int, value_size: int, snapshot: int
-                 ) -> tuple[subprocess.Popen, int]:
-    code = ("from tools.bench.spark import serve_replay; "
-            f"serve_replay({rows}, {vbuckets}, {value_size}, {snapshot})")
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT)  # ``-c`` puts the cwd first: ``tools`` imports from there
+def start_replay(
+    rows: int, vbuckets: int, value_size: int, snapshot: int
+) -> tuple[subprocess.Popen, int]:
+    code = (
+        "from tools.bench.spark import serve_replay; "
+        f"serve_replay({rows}, {vbuckets}, {value_size}, {snapshot})"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )  # ``-c`` puts the cwd first: ``tools`` imports from there
     assert proc.stderr is not None
     line = proc.stderr.readline()
     m = re.search(r"port=(\d+)", line)
@@ -190,19 +216,22 @@ def connector_alone(port: int) -> tuple[int, float]:
 def session(cores: int) -> Any:
     from pyspark.sql import SparkSession
 
-    s = (SparkSession.builder.master(f"local[{cores}]").appName("bench-spark")
-         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-         .config("spark.sql.shuffle.partitions", "1")
-         .config("spark.sql.adaptive.enabled", "false")
-         .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC")
-         .getOrCreate())
+    s = (
+        SparkSession.builder.master(f"local[{cores}]")
+        .appName("bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC")
+        .getOrCreate()
+    )
     s.sparkContext.setLogLevel("ERROR")
     return s
 
 
 def batch_read(spark: Any, port: int, partitions: int) -> tuple[int, int, float]:
-    df = (spark.read.format("dcp").option("port", port).option("numPartitions", partitions)
-          .load())
+    df = spark.read.format("dcp").option("port", port).option("numPartitions", partitions).load()
     t = time.perf_counter()
     n, nbytes = df.selectExpr("count(*)", "sum(length(value))").collect()[0]
     return n, nbytes or 0, time.perf_counter() - t
@@ -219,35 +248,48 @@ def stream_read(spark: Any, port: int, partitions: int) -> dict[str, Any]:
     ck = tempfile.mkdtemp(prefix="bench-spark-ck-")
     try:
         t = time.perf_counter()
-        q = (spark.readStream.format("dcp").option("port", port)
-             .option("numPartitions", partitions).load()
-             .writeStream.foreachBatch(sink).option("checkpointLocation", ck)
-             .trigger(availableNow=True).start())
+        q = (
+            spark.readStream.format("dcp")
+            .option("port", port)
+            .option("numPartitions", partitions)
+            .load()
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+            .start()
+        )
         q.awaitTermination()
         out["query_s"] = time.perf_counter() - t
         progress = [p for p in q.recentProgress if p["numInputRows"]]
         out["batches"] = len(progress)
         out["inside_s"] = sum(p["durationMs"].get("addBatch", 0) for p in progress) / 1000
-        out["trigger_s"] = sum(p["durationMs"].get("triggerExecution", 0)
-                               for p in progress) / 1000
+        out["trigger_s"] = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
     finally:
         shutil.rmtree(ck, ignore_errors=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.spark",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.bench.spark", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--vbuckets", type=int, default=64)
     ap.add_argument("--partitions", type=int, default=2, help="Spark tasks per read")
     ap.add_argument("--cores", type=int, default=2, help="local[N]")
     ap.add_argument("--history", action="store_true", help="server keeps a history window")
-    ap.add_argument("--replay", action="store_true",
-                    help="read from a stand-in server replaying pre-encoded snapshots")
-    ap.add_argument("--snapshot", type=int, default=10_000,
-                    help="--replay: items per snapshot (the real server's checkpoint size)")
+    ap.add_argument(
+        "--replay",
+        action="store_true",
+        help="read from a stand-in server replaying pre-encoded snapshots",
+    )
+    ap.add_argument(
+        "--snapshot",
+        type=int,
+        default=10_000,
+        help="--replay: items per snapshot (the real server's checkpoint size)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON line instead")
     args = ap.parse_args(argv)
 
@@ -268,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         spark = session(args.cores)
         session_s = time.perf_counter() - t
         t = time.perf_counter()
-        (spark.read.format("dcp").option("port", port).option("vbuckets", "0").load()
-         .count())  # warm-up: the first query of a session pays worker start-up
+        (
+            spark.read.format("dcp").option("port", port).option("vbuckets", "0").load().count()
+        )  # warm-up: the first query of a session pays worker start-up
         warm_s = time.perf_counter() - t
         c0 = cpu_seconds(proc.pid)
         b_rows, b_bytes, b_s = batch_read(spark, port, args.partitions)
@@ -284,36 +327,57 @@ def main(argv: list[str] | None = None) -> int:
     assert alone_n == b_rows == st["rows"] == args.rows, (alone_n, b_rows, st["rows"])
     assert b_bytes == st["bytes"] == args.rows * args.value_size, (b_bytes, st["bytes"])
     res = {
-        "rows": args.rows, "value_size": args.value_size, "vbuckets": args.vbuckets,
-        "partitions": args.partitions, "history": args.history, "replay": args.replay,
-        "python": sys.version.split()[0], "load_s": round(load_s, 2),
-        "session_s": round(session_s, 2), "warmup_s": round(warm_s, 2),
+        "rows": args.rows,
+        "value_size": args.value_size,
+        "vbuckets": args.vbuckets,
+        "partitions": args.partitions,
+        "history": args.history,
+        "replay": args.replay,
+        "python": sys.version.split()[0],
+        "load_s": round(load_s, 2),
+        "session_s": round(session_s, 2),
+        "warmup_s": round(warm_s, 2),
         "alone_rows_per_s": round(alone_n / alone_s),
-        "batch_read_s": round(b_s, 3), "batch_rows_per_s": round(b_rows / b_s),
-        "stream_batches": st["batches"], "stream_inside_s": round(st["inside_s"], 3),
+        "batch_read_s": round(b_s, 3),
+        "batch_rows_per_s": round(b_rows / b_s),
+        "stream_batches": st["batches"],
+        "stream_inside_s": round(st["inside_s"], 3),
         "stream_inside_rows_per_s": round(st["rows"] / max(st["inside_s"], 1e-9)),
         "stream_query_s": round(st["query_s"], 3),
         "stream_query_rows_per_s": round(st["rows"] / st["query_s"]),
-        "server_cpu_s": {"alone": round(alone_cpu, 2), "batch": round(b_cpu, 2),
-                         "stream": round(st_cpu, 2)},
+        "server_cpu_s": {
+            "alone": round(alone_cpu, 2),
+            "batch": round(b_cpu, 2),
+            "stream": round(st_cpu, 2),
+        },
     }
     if args.json:
         print(json.dumps(res))
         return 0
-    print(f"rows={args.rows:,} value={args.value_size} B vbuckets={args.vbuckets} "
-          f"partitions={args.partitions} local[{args.cores}] "
-          f"server={'stand-in (--replay)' if args.replay else 'dcp-server'} "
-          f"history={args.history} Python {res['python']}")
+    print(
+        f"rows={args.rows:,} value={args.value_size} B vbuckets={args.vbuckets} "
+        f"partitions={args.partitions} local[{args.cores}] "
+        f"server={'stand-in (--replay)' if args.replay else 'dcp-server'} "
+        f"history={args.history} Python {res['python']}"
+    )
     print(f"load {load_s:.1f} s, Spark session {session_s:.1f} s, first query {warm_s:.1f} s")
     print(f"{'measure':<35}{'seconds':>9}{'rows/s':>12}{'server CPU s':>14}")
-    print(f"{'connector alone (1 connection)':<35}{alone_s:>9.3f}{res['alone_rows_per_s']:>12,}"
-          f"{alone_cpu:>14.2f}")
-    print(f"{'batch read: count + sum(length)':<35}{b_s:>9.3f}{res['batch_rows_per_s']:>12,}"
-          f"{b_cpu:>14.2f}")
-    print(f"{'stream: inside batches (addBatch)':<35}{st['inside_s']:>9.3f}"
-          f"{res['stream_inside_rows_per_s']:>12,}{st_cpu:>14.2f}")
-    print(f"{'stream: whole availableNow query':<35}{st['query_s']:>9.3f}"
-          f"{res['stream_query_rows_per_s']:>12,}")
+    print(
+        f"{'connector alone (1 connection)':<35}{alone_s:>9.3f}{res['alone_rows_per_s']:>12,}"
+        f"{alone_cpu:>14.2f}"
+    )
+    print(
+        f"{'batch read: count + sum(length)':<35}{b_s:>9.3f}{res['batch_rows_per_s']:>12,}"
+        f"{b_cpu:>14.2f}"
+    )
+    print(
+        f"{'stream: inside batches (addBatch)':<35}{st['inside_s']:>9.3f}"
+        f"{res['stream_inside_rows_per_s']:>12,}{st_cpu:>14.2f}"
+    )
+    print(
+        f"{'stream: whole availableNow query':<35}{st['query_s']:>9.3f}"
+        f"{res['stream_query_rows_per_s']:>12,}"
+    )
     return 0
 
 

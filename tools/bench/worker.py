@@ -67,8 +67,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
     def q(f: float) -> float:
         return s[min(n - 1, int(f * n))]
 
-    return {"p50": q(0.50), "p99": q(0.99), "p999": q(0.999), "max": s[-1],
-            "mean": sum(s) / n}
+    return {"p50": q(0.50), "p99": q(0.99), "p999": q(0.999), "max": s[-1], "mean": sum(s) / n}
 
 
 class Meter:
@@ -77,9 +76,12 @@ class Meter:
         self.c0 = time.process_time()
 
     def result(self, **data: Any) -> dict[str, Any]:
-        return {"seconds": time.perf_counter() - self.t0,
-                "client_cpu_s": time.process_time() - self.c0,
-                "client_peak_rss": peak_rss(), **data}
+        return {
+            "seconds": time.perf_counter() - self.t0,
+            "client_cpu_s": time.process_time() - self.c0,
+            "client_peak_rss": peak_rss(),
+            **data,
+        }
 
 
 # ---------------------------------------------------------------------- our SDK
@@ -97,8 +99,11 @@ async def _registered(clients: list[Any], nvb: int, timeout: float) -> None:
             ok = 0
             for c in clients:
                 conn = c._conn
-                if conn is not None and len(conn._streams) == nvb and all(
-                        st.state == StreamState.STREAMING for st in conn._streams.values()):
+                if (
+                    conn is not None
+                    and len(conn._streams) == nvb
+                    and all(st.state == StreamState.STREAMING for st in conn._streams.values())
+                ):
                     ok += 1
             if ok == len(clients):
                 return
@@ -133,14 +138,15 @@ async def ours_consumer(p: dict[str, Any]) -> None:
         m = Meter()
         counts: list[int] = []
         with trio.fail_after(timeout):
-            async with DcpClient("127.0.0.1", port, to_latest=True,
-                                 name="bench-disk") as client:
+            async with DcpClient("127.0.0.1", port, to_latest=True, name="bench-disk") as client:
                 await _drain(client, expect, counts)
         emit("result", **m.result(counts=counts))
         return
     async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(
-            DcpClient("127.0.0.1", port, name=f"bench-{i}")) for i in range(p["clients"])]
+        clients = [
+            await stack.enter_async_context(DcpClient("127.0.0.1", port, name=f"bench-{i}"))
+            for i in range(p["clients"])
+        ]
         await _registered(clients, nvb, timeout)
         emit("registered")
         read_cmd()  # blocks the event loop on purpose: see the module rules
@@ -158,8 +164,9 @@ async def ours_writer(p: dict[str, Any]) -> None:
 
     from dcp.consumer import KvClient
 
-    async with KvClient("127.0.0.1", p["port"], num_vbuckets=p["vbuckets"],
-                        timeout=p["timeout"]) as kv:
+    async with KvClient(
+        "127.0.0.1", p["port"], num_vbuckets=p["vbuckets"], timeout=p["timeout"]
+    ) as kv:
         emit("ready")
         await trio.to_thread.run_sync(read_cmd)
         m = Meter()
@@ -207,9 +214,17 @@ async def ours_slow_consumer(p: dict[str, Any]) -> None:
                 if done >= nkeys:
                     break
         wrong = sum(1 for k, j in final.items() if seen.get(k) != j)
-        emit("result", **m.result(events=events, keys_seen=len(seen), keys_final=done,
-                                  keys_expected=nkeys, wrong_last_values=wrong,
-                                  regressions=regressions))
+        emit(
+            "result",
+            **m.result(
+                events=events,
+                keys_seen=len(seen),
+                keys_final=done,
+                keys_expected=nkeys,
+                wrong_last_values=wrong,
+                regressions=regressions,
+            ),
+        )
 
 
 async def ours_latency(p: dict[str, Any]) -> None:
@@ -240,8 +255,10 @@ async def ours_latency(p: dict[str, Any]) -> None:
                 break
         done.set()
 
-    async with KvClient("127.0.0.1", p["port"], num_vbuckets=p["vbuckets"]) as kv, \
-            DcpClient("127.0.0.1", p["port"], name="bench-latency") as client:
+    async with (
+        KvClient("127.0.0.1", p["port"], num_vbuckets=p["vbuckets"]) as kv,
+        DcpClient("127.0.0.1", p["port"], name="bench-latency") as client,
+    ):
         await _registered([client], p["vbuckets"], p["timeout"])
         emit("ready")
         await trio.to_thread.run_sync(read_cmd)
@@ -273,19 +290,32 @@ async def ours_latency(p: dict[str, Any]) -> None:
     _latency_result(m, total, sent, acked, delivered, write_s)
 
 
-def _latency_result(m: Meter, total: int, sent: list[float], acked: list[float],
-                    delivered: list[float], write_s: float) -> None:
+def _latency_result(
+    m: Meter,
+    total: int,
+    sent: list[float],
+    acked: list[float],
+    delivered: list[float],
+    write_s: float,
+) -> None:
     # A write delivered before its writer saw the ack counts as 0 (and is counted).
     early = sum(1 for i in range(total) if delivered[i] and delivered[i] < acked[i])
     ack_d = [max(0.0, delivered[i] - acked[i]) * 1e3 for i in range(total) if delivered[i]]
     e2e = [(delivered[i] - sent[i]) * 1e3 for i in range(total) if delivered[i]]
     write = [(acked[i] - sent[i]) * 1e3 for i in range(total) if acked[i]]
-    emit("result", **m.result(count=total, delivered=sum(1 for d in delivered if d),
-                              write_seconds=write_s, achieved_rate=total / write_s,
-                              ack_to_delivery_ms=percentiles(ack_d),
-                              send_to_delivery_ms=percentiles(e2e),
-                              write_ack_ms=percentiles(write),
-                              delivered_before_ack=early))
+    emit(
+        "result",
+        **m.result(
+            count=total,
+            delivered=sum(1 for d in delivered if d),
+            write_seconds=write_s,
+            achieved_rate=total / write_s,
+            ack_to_delivery_ms=percentiles(ack_d),
+            send_to_delivery_ms=percentiles(e2e),
+            write_ack_ms=percentiles(write),
+            delivered_before_ack=early,
+        ),
+    )
 
 
 # ---------------------------------------------------------------------- redis
@@ -453,10 +483,26 @@ def ceiling_recv(p: dict[str, Any]) -> None:
                 end = o + 24 + bodylen(data, o + 8)[0]
                 if end > end_all:
                     break
-                (_mg, _op, kl, _el, _dt, _vb, _bl, _oq, _cas, _seq, _rev, _fl, _ex, _lk, _nm,
-                 _nru) = hdr(data, o)
-                _key = data[o + 55:o + 55 + kl]
-                nbytes += len(data[o + 55 + kl:end])
+                (
+                    _mg,
+                    _op,
+                    kl,
+                    _el,
+                    _dt,
+                    _vb,
+                    _bl,
+                    _oq,
+                    _cas,
+                    _seq,
+                    _rev,
+                    _fl,
+                    _ex,
+                    _lk,
+                    _nm,
+                    _nru,
+                ) = hdr(data, o)
+                _key = data[o + 55 : o + 55 + kl]
+                nbytes += len(data[o + 55 + kl : end])
                 n += 1
                 o = end
         else:
@@ -488,7 +534,7 @@ def ceiling_send(p: dict[str, Any]) -> None:
     view = memoryview(blob)
     step = 262144
     for i in range(0, len(blob), step):
-        sock.sendall(view[i:i + step])
+        sock.sendall(view[i : i + step])
     sock.close()
     emit("result", count=n)
 

@@ -105,8 +105,9 @@ class Monitor:
                 phase = self.phase
                 self.waiting = True
                 try:
-                    await client.call(codec.request(Opcode.NOOP, opaque=op), op,
-                                      timeout=_NOOP_TIMEOUT)
+                    await client.call(
+                        codec.request(Opcode.NOOP, opaque=op), op, timeout=_NOOP_TIMEOUT
+                    )
                     self.latency.setdefault(phase, []).append(time.monotonic() - t0)
                 except trio.TooSlowError:
                     self.latency.setdefault(phase, []).append(_NOOP_TIMEOUT)
@@ -131,8 +132,12 @@ def _percentiles(xs: list[float]) -> dict[str, Any]:
     def pick(q: float) -> float:
         return round(s[min(len(s) - 1, math.ceil(q * len(s)) - 1)] * 1000, 2)
 
-    return {"count": len(s), "p50_ms": pick(0.5), "p99_ms": pick(0.99),
-            "max_ms": round(s[-1] * 1000, 2)}
+    return {
+        "count": len(s),
+        "p50_ms": pick(0.5),
+        "p99_ms": pick(0.99),
+        "max_ms": round(s[-1] * 1000, 2),
+    }
 
 
 async def _open(port: int) -> trio.SocketStream:
@@ -155,8 +160,9 @@ async def _closed_by_server(stream: trio.SocketStream, seconds: float) -> bool:
 # ------------------------------------------------------------------------------- phases
 
 
-async def amplification(port: int, value_bytes: int, gets: int, nvb: int,
-                        seconds: float) -> dict[str, Any]:
+async def amplification(
+    port: int, value_bytes: int, gets: int, nvb: int, seconds: float
+) -> dict[str, Any]:
     key = b"abuse-large-value"
     vb = vbucket_for_key(key, nvb)
     writer = await RawClient.connect(port)
@@ -166,21 +172,25 @@ async def amplification(port: int, value_bytes: int, gets: int, nvb: int,
             raise HarnessError(f"storing the large value failed: status 0x{r.status:02x}")
     finally:
         await writer.aclose()
-    burst = b"".join(codec.request(Opcode.GET, vbucket=vb, opaque=i, key=key)
-                     for i in range(gets))
+    burst = b"".join(codec.request(Opcode.GET, vbucket=vb, opaque=i, key=key) for i in range(gets))
     attacker = await _open(port)
     try:
         await attacker.send_all(burst)  # then never read
         await trio.sleep(seconds)
     finally:
         await trio.aclose_forcefully(attacker)
-    return {"value_mib": round(value_bytes / MiB, 1), "gets": gets, "request_bytes": len(burst),
-            "unbounded_output_mib": round(gets * value_bytes / MiB)}
+    return {
+        "value_mib": round(value_bytes / MiB, 1),
+        "gets": gets,
+        "request_bytes": len(burst),
+        "unbounded_output_mib": round(gets * value_bytes / MiB),
+    }
 
 
 async def stat_flood(port: int, requests: int, seconds: float) -> dict[str, Any]:
-    burst = b"".join(codec.request(Opcode.STAT, opaque=i, key=b"vbucket-seqno")
-                     for i in range(requests))
+    burst = b"".join(
+        codec.request(Opcode.STAT, opaque=i, key=b"vbucket-seqno") for i in range(requests)
+    )
     attacker = await _open(port)
     try:
         await attacker.send_all(burst)
@@ -205,6 +215,7 @@ async def slowloris(port: int, connections: int, seconds: float) -> dict[str, An
         opened += 1
         try:
             async with trio.open_nursery() as nursery:
+
                 async def drip() -> None:
                     for b in header:
                         await stream.send_all(bytes([b]))
@@ -267,23 +278,52 @@ async def connection_flood(port: int, count: int, seconds: float) -> dict[str, A
     finally:
         for s in streams:
             await trio.aclose_forcefully(s)
-    return {"attempted": count, "connected": len(streams), "refused_at_connect": refused,
-            "answered": answered, "closed_by_server": closed, "unanswered": unanswered}
+    return {
+        "attempted": count,
+        "connected": len(streams),
+        "refused_at_connect": refused,
+        "answered": answered,
+        "closed_by_server": closed,
+        "unanswered": unanswered,
+    }
 
 
 # ------------------------------------------------------------------------------- the run
 
-SHORT = dict(value_mib=4, gets=50, stat_requests=300, slowloris=20, flood_extra=32,
-             max_connections=128, phase_seconds=2.0, partial_frame_timeout=2.0)
-DEFAULT = dict(value_mib=20, gets=100, stat_requests=2000, slowloris=100, flood_extra=128,
-               max_connections=512, phase_seconds=12.0, partial_frame_timeout=5.0)
+SHORT = dict(
+    value_mib=4,
+    gets=50,
+    stat_requests=300,
+    slowloris=20,
+    flood_extra=32,
+    max_connections=128,
+    phase_seconds=2.0,
+    partial_frame_timeout=2.0,
+)
+DEFAULT = dict(
+    value_mib=20,
+    gets=100,
+    stat_requests=2000,
+    slowloris=100,
+    flood_extra=128,
+    max_connections=512,
+    phase_seconds=12.0,
+    partial_frame_timeout=5.0,
+)
 
 
 @scenario
-async def run_abuse(workdir: Path, *, short: bool = False, seed: int | None = None,
-                    num_vbuckets: int = 1024, connection_output_cap_mib: int = 4,
-                    total_output_cap_mib: int = 64, rss_guard_mib: int = 1536,
-                    **overrides: Any) -> dict[str, Any]:
+async def run_abuse(
+    workdir: Path,
+    *,
+    short: bool = False,
+    seed: int | None = None,
+    num_vbuckets: int = 1024,
+    connection_output_cap_mib: int = 4,
+    total_output_cap_mib: int = 64,
+    rss_guard_mib: int = 1536,
+    **overrides: Any,
+) -> dict[str, Any]:
     """Run every phase against one server; the report's ``violations`` must be empty.
 
     ``overrides``: any key of ``DEFAULT`` (``value_mib``, ``gets``, ``phase_seconds``...).
@@ -292,31 +332,48 @@ async def run_abuse(workdir: Path, *, short: bool = False, seed: int | None = No
     o = {**(SHORT if short else DEFAULT), **overrides}
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    settings = {"connection_output_cap": connection_output_cap_mib * MiB,
-                "total_output_cap": total_output_cap_mib * MiB,
-                "max_connections": o["max_connections"],
-                "partial_frame_timeout": o["partial_frame_timeout"],
-                "kv_idle_timeout": 60.0, "log_level": "WARNING"}
+    settings = {
+        "connection_output_cap": connection_output_cap_mib * MiB,
+        "total_output_cap": total_output_cap_mib * MiB,
+        "max_connections": o["max_connections"],
+        "partial_frame_timeout": o["partial_frame_timeout"],
+        "kv_idle_timeout": 60.0,
+        "log_level": "WARNING",
+    }
     args = [a for k, v in settings.items() for a in ("--" + k.replace("_", "-"), str(v))]
-    server = ServerProcess(workdir / "data", workdir / "server.log", port=free_port(),
-                           num_vbuckets=num_vbuckets, args=args)
+    server = ServerProcess(
+        workdir / "data",
+        workdir / "server.log",
+        port=free_port(),
+        num_vbuckets=num_vbuckets,
+        args=args,
+    )
     t_start = time.monotonic()
     port = await server.start(timeout=60.0)
     mon = Monitor(server, rss_guard_mib * MiB)
     bound = (total_output_cap_mib + 3 * o["value_mib"] + 64) * MiB
-    report: dict[str, Any] = {"settings": settings, "options": o, "phases": {},
-                              "rss_growth_bound_mib": bound // MiB,
-                              "neighbour_max_allowed_ms": NEIGHBOUR_MAX_S * 1000,
-                              "errors": 0, "errors_detail": [], "findings": []}
+    report: dict[str, Any] = {
+        "settings": settings,
+        "options": o,
+        "phases": {},
+        "rss_growth_bound_mib": bound // MiB,
+        "neighbour_max_allowed_ms": NEIGHBOUR_MAX_S * 1000,
+        "errors": 0,
+        "errors_detail": [],
+        "findings": [],
+    }
     phase_s = o["phase_seconds"]
     phases = [
-        ("amplification", lambda: amplification(port, o["value_mib"] * MiB, o["gets"],
-                                                num_vbuckets, phase_s)),
+        (
+            "amplification",
+            lambda: amplification(port, o["value_mib"] * MiB, o["gets"], num_vbuckets, phase_s),
+        ),
         ("stat_flood", lambda: stat_flood(port, o["stat_requests"], phase_s)),
-        ("slowloris", lambda: slowloris(port, o["slowloris"],
-                                        o["partial_frame_timeout"] + 2.0)),
-        ("connection_flood", lambda: connection_flood(
-            port, o["max_connections"] + o["flood_extra"], phase_s)),
+        ("slowloris", lambda: slowloris(port, o["slowloris"], o["partial_frame_timeout"] + 2.0)),
+        (
+            "connection_flood",
+            lambda: connection_flood(port, o["max_connections"] + o["flood_extra"], phase_s),
+        ),
     ]
     async with trio.open_nursery() as nursery:
         nursery.start_soon(mon.sample_rss)
@@ -335,8 +392,10 @@ async def run_abuse(workdir: Path, *, short: bool = False, seed: int | None = No
                 detail = {}
             await trio.sleep(0.5)  # the neighbour and the sampler see the aftermath
             report["phases"][name] = {
-                **detail, "peak_rss_mib": round(mon.peak[name] / MiB, 1),
-                "rss_growth_mib": round((mon.peak[name] - mon.start_rss[name]) / MiB, 1)}
+                **detail,
+                "peak_rss_mib": round(mon.peak[name] / MiB, 1),
+                "rss_growth_mib": round((mon.peak[name] - mon.start_rss[name]) / MiB, 1),
+            }
         mon.enter("end")
         survived = server.alive() and await _answers(port)
         with trio.move_on_after(_NOOP_TIMEOUT + 0.5):  # a NOOP still waiting is filed
@@ -364,8 +423,9 @@ async def _answers(port: int) -> bool:
         return False
 
 
-def _verdict(report: dict[str, Any], mon: Monitor, server: ServerProcess, survived: bool,
-             bound: int) -> dict[str, Any]:
+def _verdict(
+    report: dict[str, Any], mon: Monitor, server: ServerProcess, survived: bool, bound: int
+) -> dict[str, Any]:
     findings: list[str] = report["findings"]
     crashes = server.crash_signatures()
     if mon.killed_by_guard:
@@ -379,9 +439,13 @@ def _verdict(report: dict[str, Any], mon: Monitor, server: ServerProcess, surviv
         findings.append(f"the neighbour waited {worst * 1000:.0f} ms for a NOOP answer")
     for name, ph in report["phases"].items():
         if ph["rss_growth_mib"] * MiB > bound:
-            findings.append(f"{name}: RSS grew {ph['rss_growth_mib']} MiB, over the bound "
-                            f"of {bound // MiB} MiB")
-    return {"server_survived": survived, "killed_by_guard": mon.killed_by_guard,
-            "crashes": len(crashes) + (0 if survived else 1),
-            "neighbour": {**_percentiles(all_lat), "reconnects": mon.neighbour_reconnects},
-            "violations": len(findings)}  # a traceback is a violation too (module rules)
+            findings.append(
+                f"{name}: RSS grew {ph['rss_growth_mib']} MiB, over the bound of {bound // MiB} MiB"
+            )
+    return {
+        "server_survived": survived,
+        "killed_by_guard": mon.killed_by_guard,
+        "crashes": len(crashes) + (0 if survived else 1),
+        "neighbour": {**_percentiles(all_lat), "reconnects": mon.neighbour_reconnects},
+        "violations": len(findings),
+    }  # a traceback is a violation too (module rules)

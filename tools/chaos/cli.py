@@ -39,8 +39,16 @@ from .fuzz import run_fuzz
 from .slow import run_slow
 from .storage import run_storage
 
-__all__ = ["FAILURE_KEYS", "failed", "main", "run_abuse", "run_crash", "run_fuzz", "run_slow",
-           "run_storage"]
+__all__ = [
+    "FAILURE_KEYS",
+    "failed",
+    "main",
+    "run_abuse",
+    "run_crash",
+    "run_fuzz",
+    "run_slow",
+    "run_storage",
+]
 
 #: Report counters that must be 0 for a scenario to pass.
 FAILURE_KEYS = ("divergences", "crashes", "errors", "healthy_stream_errors", "violations")
@@ -68,29 +76,50 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--min-up", type=float, default=0.4)
     c.add_argument("--max-up", type=float, default=2.0)
     c.add_argument("--consumer-kill-prob", type=float, default=0.35)
-    c.add_argument("--graceful-prob", type=float, default=0.15,
-                   help="share of rounds that stop the server with SIGTERM instead")
-    c.add_argument("--freeze-prob", type=float, default=0.08,
-                   help="share of rounds that SIGSTOP the server for 2-5 s instead")
-    c.add_argument("--sleeper-rounds", type=int, default=30,
-                   help="the last consumer is down this many rounds (0: never), more than "
-                        "the 25 failover-log entries; needs rounds >= this + 5")
+    c.add_argument(
+        "--graceful-prob",
+        type=float,
+        default=0.15,
+        help="share of rounds that stop the server with SIGTERM instead",
+    )
+    c.add_argument(
+        "--freeze-prob",
+        type=float,
+        default=0.08,
+        help="share of rounds that SIGSTOP the server for 2-5 s instead",
+    )
+    c.add_argument(
+        "--sleeper-rounds",
+        type=int,
+        default=30,
+        help="the last consumer is down this many rounds (0: never), more than "
+        "the 25 failover-log entries; needs rounds >= this + 5",
+    )
     c.add_argument("--time-limit", type=float, default=1200.0)
     c.add_argument("--server-args", default="", help="extra dcp-server flags, one string")
-    c.add_argument("--consumer-args", default="",
-                   help="extra tools.chaos.consumer flags, e.g. '--buffer-size 65536'")
-    c.add_argument("--consumer-fault", default="none",
-                   choices=["none", "ignore-rollback", "partial"],
-                   help="harness self-test: consumers misbehave; the report must show it")
+    c.add_argument(
+        "--consumer-args",
+        default="",
+        help="extra tools.chaos.consumer flags, e.g. '--buffer-size 65536'",
+    )
+    c.add_argument(
+        "--consumer-fault",
+        default="none",
+        choices=["none", "ignore-rollback", "partial"],
+        help="harness self-test: consumers misbehave; the report must show it",
+    )
     f = sub.add_parser("fuzz", help="malformed frames at a live server; a healthy consumer")
     f.add_argument("--frames", type=int, default=1_000_000)
     f.add_argument("--connections", type=int, default=4)
     f.add_argument("--num-vbuckets", type=int, default=16)
     f.add_argument("--corpus-size", type=int, default=400)
     f.add_argument("--time-limit", type=float, default=900.0)
-    f.add_argument("--graceful-close", action="store_true",
-                   help="end episodes with a half-close and a drain instead of a close that "
-                        "may send RST (works around the reset crash)")
+    f.add_argument(
+        "--graceful-close",
+        action="store_true",
+        help="end episodes with a half-close and a drain instead of a close that "
+        "may send RST (works around the reset crash)",
+    )
     w = sub.add_parser("slow", help="stalled/slow consumers under heavy writes")
     w.add_argument("--seconds", type=float, default=20.0)
     w.add_argument("--quota-mib", type=int, default=8)
@@ -103,21 +132,41 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--grown-map-mib", type=int, default=64)
     g.add_argument("--num-vbuckets", type=int, default=8)
     g.add_argument("--full-seconds", type=float, default=3.0)
-    a = sub.add_parser("abuse", help="clients that never read, floods, slowloris; a neighbour "
-                       "measures its NOOP latency")
+    a = sub.add_parser(
+        "abuse",
+        help="clients that never read, floods, slowloris; a neighbour measures its NOOP latency",
+    )
     a.add_argument("--short", action="store_true", help="the CI form: under 20 s")
     a.add_argument("--num-vbuckets", type=int, default=1024)
     a.add_argument("--connection-output-cap-mib", type=int, default=4)
     a.add_argument("--total-output-cap-mib", type=int, default=64)
-    a.add_argument("--rss-guard-mib", type=int, default=1536,
-                   help="SIGKILL the server past this RSS (protects the machine)")
-    for name in ("value_mib", "gets", "stat_requests", "slowloris", "flood_extra",
-                 "max_connections"):
-        a.add_argument("--" + name.replace("_", "-"), type=int, dest=name,
-                       help=f"default {DEFAULT[name]} (--short: {SHORT[name]})")
+    a.add_argument(
+        "--rss-guard-mib",
+        type=int,
+        default=1536,
+        help="SIGKILL the server past this RSS (protects the machine)",
+    )
+    for name in (
+        "value_mib",
+        "gets",
+        "stat_requests",
+        "slowloris",
+        "flood_extra",
+        "max_connections",
+    ):
+        a.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            dest=name,
+            help=f"default {DEFAULT[name]} (--short: {SHORT[name]})",
+        )
     for name in ("phase_seconds", "partial_frame_timeout"):
-        a.add_argument("--" + name.replace("_", "-"), type=float, dest=name,
-                       help=f"default {DEFAULT[name]} (--short: {SHORT[name]})")
+        a.add_argument(
+            "--" + name.replace("_", "-"),
+            type=float,
+            dest=name,
+            help=f"default {DEFAULT[name]} (--short: {SHORT[name]})",
+        )
     sub.add_parser("all", help="every scenario with its defaults")
     args = p.parse_args(argv)
     base = Path(args.workdir or tempfile.mkdtemp(prefix="chaos-"))
@@ -125,47 +174,71 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario in ("crash", "all"):
         kw: dict[str, Any] = {}
         if args.scenario == "crash":
-            kw = dict(rounds=args.rounds, consumers=args.consumers,
-                      num_vbuckets=args.num_vbuckets, keys_per_vb=args.keys_per_vb,
-                      min_up=args.min_up, max_up=args.max_up,
-                      consumer_kill_prob=args.consumer_kill_prob, time_limit=args.time_limit,
-                      server_args=args.server_args.split(),
-                      consumer_args=args.consumer_args.split(),
-                      consumer_fault=args.consumer_fault, graceful_prob=args.graceful_prob,
-                      freeze_prob=args.freeze_prob, sleeper_rounds=args.sleeper_rounds)
-        jobs.append(("crash", functools.partial(run_crash, base / "crash", seed=args.seed,
-                                                **kw)))
+            kw = dict(
+                rounds=args.rounds,
+                consumers=args.consumers,
+                num_vbuckets=args.num_vbuckets,
+                keys_per_vb=args.keys_per_vb,
+                min_up=args.min_up,
+                max_up=args.max_up,
+                consumer_kill_prob=args.consumer_kill_prob,
+                time_limit=args.time_limit,
+                server_args=args.server_args.split(),
+                consumer_args=args.consumer_args.split(),
+                consumer_fault=args.consumer_fault,
+                graceful_prob=args.graceful_prob,
+                freeze_prob=args.freeze_prob,
+                sleeper_rounds=args.sleeper_rounds,
+            )
+        jobs.append(("crash", functools.partial(run_crash, base / "crash", seed=args.seed, **kw)))
     if args.scenario in ("fuzz", "all"):
         kw = {}
         if args.scenario == "fuzz":
-            kw = dict(frames=args.frames, connections=args.connections,
-                      num_vbuckets=args.num_vbuckets, corpus_size=args.corpus_size,
-                      time_limit=args.time_limit, graceful_close=args.graceful_close)
+            kw = dict(
+                frames=args.frames,
+                connections=args.connections,
+                num_vbuckets=args.num_vbuckets,
+                corpus_size=args.corpus_size,
+                time_limit=args.time_limit,
+                graceful_close=args.graceful_close,
+            )
         jobs.append(("fuzz", functools.partial(run_fuzz, base / "fuzz", seed=args.seed, **kw)))
     if args.scenario in ("slow", "all"):
         kw = {}
         if args.scenario == "slow":
-            kw = dict(seconds=args.seconds, quota_mib=args.quota_mib,
-                      num_vbuckets=args.num_vbuckets, keys=args.keys,
-                      value_bytes=args.value_bytes, overhead_mib=args.overhead_mib)
+            kw = dict(
+                seconds=args.seconds,
+                quota_mib=args.quota_mib,
+                num_vbuckets=args.num_vbuckets,
+                keys=args.keys,
+                value_bytes=args.value_bytes,
+                overhead_mib=args.overhead_mib,
+            )
         jobs.append(("slow", functools.partial(run_slow, base / "slow", seed=args.seed, **kw)))
     if args.scenario in ("storage", "all"):
         kw = {}
         if args.scenario == "storage":
-            kw = dict(map_mib=args.map_mib, grown_map_mib=args.grown_map_mib,
-                      num_vbuckets=args.num_vbuckets, full_seconds=args.full_seconds)
-        jobs.append(("storage", functools.partial(run_storage, base / "storage", seed=args.seed,
-                                                  **kw)))
+            kw = dict(
+                map_mib=args.map_mib,
+                grown_map_mib=args.grown_map_mib,
+                num_vbuckets=args.num_vbuckets,
+                full_seconds=args.full_seconds,
+            )
+        jobs.append(
+            ("storage", functools.partial(run_storage, base / "storage", seed=args.seed, **kw))
+        )
     if args.scenario in ("abuse", "all"):
         kw = {}
         if args.scenario == "abuse":
-            kw = dict(short=args.short, num_vbuckets=args.num_vbuckets,
-                      connection_output_cap_mib=args.connection_output_cap_mib,
-                      total_output_cap_mib=args.total_output_cap_mib,
-                      rss_guard_mib=args.rss_guard_mib)
+            kw = dict(
+                short=args.short,
+                num_vbuckets=args.num_vbuckets,
+                connection_output_cap_mib=args.connection_output_cap_mib,
+                total_output_cap_mib=args.total_output_cap_mib,
+                rss_guard_mib=args.rss_guard_mib,
+            )
             kw.update({k: v for k in DEFAULT if (v := getattr(args, k)) is not None})
-        jobs.append(("abuse", functools.partial(run_abuse, base / "abuse", seed=args.seed,
-                                                **kw)))
+        jobs.append(("abuse", functools.partial(run_abuse, base / "abuse", seed=args.seed, **kw)))
     rc = 0
     for name, job in jobs:
         report = trio.run(job)

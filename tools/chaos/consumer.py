@@ -62,8 +62,14 @@ class ChaosConsumer:
                 self.view.apply_op(op)
         self.journal = Journal(self.dir / "journal.jsonl")
         self.store = FileOffsetStore(self.dir / "offsets.json")
-        self.counts = {"groups": 0, "batches": 0, "events": 0, "rollbacks": 0, "cuts": 0,
-                       "starts": 1}
+        self.counts = {
+            "groups": 0,
+            "batches": 0,
+            "events": 0,
+            "rollbacks": 0,
+            "cuts": 0,
+            "starts": 1,
+        }
         self.error = ""
         self._status_at = 0.0
         prev = self.dir / "status.json"
@@ -92,10 +98,16 @@ class ChaosConsumer:
         if not force and now - self._status_at < 0.25:
             return
         self._status_at = now
-        _write_json(self.dir / "status.json", {
-            "pid": os.getpid(), "state": state, "error": self.error, "counts": self.counts,
-            "positions": {str(vb): list(p) for vb, p in self.view.positions().items()},
-        })
+        _write_json(
+            self.dir / "status.json",
+            {
+                "pid": os.getpid(),
+                "state": state,
+                "error": self.error,
+                "counts": self.counts,
+                "positions": {str(vb): list(p) for vb, p in self.view.positions().items()},
+            },
+        )
 
     def on_item(self, item: Any, ops: list[list[Any]]) -> None:
         fault = self.args.fault
@@ -117,8 +129,15 @@ class ChaosConsumer:
                     events.append([e.seqno, "x", key, None])
             if fault == "partial" and len(events) > 1 and self.counts["batches"] % 50 == 7:
                 events = events[:-1]  # harness self-test: expose a snapshot without its end
-            op = ["b", item.vbucket, item.start, item.end, item.flags,
-                  [list(x) for x in item.failover_log], events]
+            op = [
+                "b",
+                item.vbucket,
+                item.start,
+                item.end,
+                item.flags,
+                [list(x) for x in item.failover_log],
+                events,
+            ]
             self.counts["batches"] += 1
             self.counts["events"] += len(events)
         self.view.apply_op(op)
@@ -133,6 +152,7 @@ class ChaosConsumer:
         self.status(force=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as nursery:
+
                 async def watch() -> None:
                     async for _ in signals:
                         stop.set()
@@ -141,10 +161,16 @@ class ChaosConsumer:
                 nursery.start_soon(watch)
                 try:
                     async with DcpClient(
-                            "127.0.0.1", a.port, name=a.name, offset_store=self.store,
-                            include_expirations=True, noop_interval=a.noop_interval,
-                            retry_timeout=a.retry_timeout, buffer_size=a.buffer_size,
-                            connect_timeout=5.0) as client:
+                        "127.0.0.1",
+                        a.port,
+                        name=a.name,
+                        offset_store=self.store,
+                        include_expirations=True,
+                        noop_interval=a.noop_interval,
+                        retry_timeout=a.retry_timeout,
+                        buffer_size=a.buffer_size,
+                        connect_timeout=5.0,
+                    ) as client:
                         while not stop.is_set():
                             items = await client.getmany(timeout=0.2, max_items=2000)
                             ops = []
@@ -163,9 +189,13 @@ class ChaosConsumer:
         if self.error:
             self.status(force=True, state="error")
             return 3
-        _write_json(self.dir / "view.json", {
-            "state": self.view.state(),
-            "positions": {str(vb): list(p) for vb, p in self.view.positions().items()}})
+        _write_json(
+            self.dir / "view.json",
+            {
+                "state": self.view.state(),
+                "positions": {str(vb): list(p) for vb, p in self.view.positions().items()},
+            },
+        )
         self.status(force=True, state="stopped")
         return 0
 
@@ -178,8 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noop-interval", type=float, default=2.0)
     p.add_argument("--retry-timeout", type=float, default=300.0)
     p.add_argument("--buffer-size", type=int, default=1 << 20)
-    p.add_argument("--fault", choices=["none", "ignore-rollback", "partial"], default="none",
-                   help="harness self-test: misbehave on purpose (the verifier must object)")
+    p.add_argument(
+        "--fault",
+        choices=["none", "ignore-rollback", "partial"],
+        default="none",
+        help="harness self-test: misbehave on purpose (the verifier must object)",
+    )
     args = p.parse_args(argv)
     return trio.run(ChaosConsumer(args).run)
 

@@ -67,17 +67,36 @@ class ConsumerProc:
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / "stderr.log", "ab") as log:
-            self.proc = track(subprocess.Popen(
-                [sys.executable, "-m", "tools.chaos.consumer", "--port", str(self.port), "--dir",
-                 str(self.dir), "--name", self.name, *self.args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT))
+            self.proc = track(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tools.chaos.consumer",
+                        "--port",
+                        str(self.port),
+                        "--dir",
+                        str(self.dir),
+                        "--name",
+                        self.name,
+                        *self.args,
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    cwd=ROOT,
+                )
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def reap(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None and self.proc.returncode \
-                not in (None, -signal.SIGKILL):
+        if (
+            self.proc is not None
+            and self.proc.poll() is not None
+            and self.proc.returncode not in (None, -signal.SIGKILL)
+        ):
             self.exits.append(self.proc.returncode)
 
     def kill(self) -> None:
@@ -111,8 +130,9 @@ async def stream_state(port: int, num_vbuckets: int) -> tuple[dict[str, str], di
     newest uuid of the log it was streamed under."""
     state: dict[str, str | None] = {}
     uuids: dict[int, int] = {}
-    async with DcpClient(HOST, port, to_latest=True, include_expirations=True,
-                         retry_timeout=30.0) as client:
+    async with DcpClient(
+        HOST, port, to_latest=True, include_expirations=True, retry_timeout=30.0
+    ) as client:
         async for item in client:
             if isinstance(item, RollbackEvent):
                 raise HarnessError(f"a fresh stream from 0 was told to roll back: {item}")
@@ -132,8 +152,9 @@ async def _get_state(port: int, keys: list[str], num_vbuckets: int) -> dict[str,
     return {k.decode("latin-1"): r.value.decode("latin-1") for k, r in got.items()}
 
 
-async def _wait_converged(consumers: list[ConsumerProc], target: dict[int, tuple[int, int]],
-                          timeout: float) -> list[str]:
+async def _wait_converged(
+    consumers: list[ConsumerProc], target: dict[int, tuple[int, int]], timeout: float
+) -> list[str]:
     deadline = time.monotonic() + timeout
     behind: list[str] = []
     while time.monotonic() < deadline:
@@ -153,8 +174,10 @@ async def _wait_converged(consumers: list[ConsumerProc], target: dict[int, tuple
     return behind[:10]
 
 
-def _lost_writes(writer: Writer, history: list[tuple[int, dict[int, list[tuple[int, int]]]]],
-                 ) -> tuple[int, list[str]]:
+def _lost_writes(
+    writer: Writer,
+    history: list[tuple[int, dict[int, list[tuple[int, int]]]]],
+) -> tuple[int, list[str]]:
     """Acknowledged writes that a restart discarded (above the new failover entry), and
     findings for the durable ones among them."""
     lost = 0
@@ -166,14 +189,14 @@ def _lost_writes(writer: Writer, history: list[tuple[int, dict[int, list[tuple[i
                 continue
             branch = log[0][1]
             for a in writer.log.attempts:
-                if a.status == "acked" and a.vb == vb and a.uuid == prev[0][0] \
-                        and a.seqno > branch:
+                if a.status == "acked" and a.vb == vb and a.uuid == prev[0][0] and a.seqno > branch:
                     lost += 1
                     if a.durable:
                         findings.append(
                             f"server: restart {epoch} put vb {vb}'s failover entry at {branch}, "
                             f"below durable {a.op}:{a.key} v{a.version} acknowledged at seqno "
-                            f"{a.seqno}")
+                            f"{a.seqno}"
+                        )
     return lost, findings
 
 
@@ -186,9 +209,13 @@ def _acked_tops(writer: Writer, logs: dict[int, list[tuple[int, int]]]) -> dict[
     return top
 
 
-async def _check_clean_restart(port: int, top: dict[int, int],
-                               before: dict[int, list[tuple[int, int]]],
-                               after: dict[int, list[tuple[int, int]]], rnd: int) -> list[str]:
+async def _check_clean_restart(
+    port: int,
+    top: dict[int, int],
+    before: dict[int, list[tuple[int, int]]],
+    after: dict[int, list[tuple[int, int]]],
+    rnd: int,
+) -> list[str]:
     """After a graceful stop: no new failover entry, and every write acknowledged before
     the old process exited (``top``, taken then: later acks come from the new one) is
     still there (the stop flushed everything)."""
@@ -196,52 +223,79 @@ async def _check_clean_restart(port: int, top: dict[int, int],
     seqnos = await vb_seqnos(port)
     for vb, log in after.items():
         if before.get(vb) != log:
-            out.append(f"server: graceful restart in round {rnd} changed vb {vb}'s failover "
-                       f"log {before.get(vb, [])[:2]} -> {log[:2]}")
+            out.append(
+                f"server: graceful restart in round {rnd} changed vb {vb}'s failover "
+                f"log {before.get(vb, [])[:2]} -> {log[:2]}"
+            )
     for vb, s in top.items():
         if seqnos[vb][0] < s:
-            out.append(f"server: after a graceful restart in round {rnd} vb {vb} is at seqno "
-                       f"{seqnos[vb][0]}, below the acknowledged {s}")
+            out.append(
+                f"server: after a graceful restart in round {rnd} vb {vb} is at seqno "
+                f"{seqnos[vb][0]}, below the acknowledged {s}"
+            )
     return out
 
 
 @scenario
-async def run_crash(workdir: Path, *, rounds: int = 50, consumers: int = 3,
-                    num_vbuckets: int = 16, keys_per_vb: int = 40, seed: int | None = None,
-                    min_up: float = 0.4, max_up: float = 2.0, consumer_kill_prob: float = 0.35,
-                    converge_timeout: float = 120.0, time_limit: float = 1200.0,
-                    graceful_prob: float = 0.15, freeze_prob: float = 0.08,
-                    sleeper_rounds: int = 30,
-                    writer_batch: int = 16, consumer_fault: str = "none",
-                    server_args: list[str] | None = None,
-                    consumer_args: list[str] | None = None) -> dict[str, Any]:
+async def run_crash(
+    workdir: Path,
+    *,
+    rounds: int = 50,
+    consumers: int = 3,
+    num_vbuckets: int = 16,
+    keys_per_vb: int = 40,
+    seed: int | None = None,
+    min_up: float = 0.4,
+    max_up: float = 2.0,
+    consumer_kill_prob: float = 0.35,
+    converge_timeout: float = 120.0,
+    time_limit: float = 1200.0,
+    graceful_prob: float = 0.15,
+    freeze_prob: float = 0.08,
+    sleeper_rounds: int = 30,
+    writer_batch: int = 16,
+    consumer_fault: str = "none",
+    server_args: list[str] | None = None,
+    consumer_args: list[str] | None = None,
+) -> dict[str, Any]:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     seed = random.randrange(1 << 32) if seed is None else seed
     rng = random.Random(seed)
     t0 = time.monotonic()
     port = free_port()
-    server = ServerProcess(workdir / "data", workdir / "server.log", port=port,
-                           num_vbuckets=num_vbuckets,
-                           args=["--expiry-interval", "1", "--log-level", "INFO",
-                                 *(server_args or [])])
+    server = ServerProcess(
+        workdir / "data",
+        workdir / "server.log",
+        port=port,
+        num_vbuckets=num_vbuckets,
+        args=["--expiry-interval", "1", "--log-level", "INFO", *(server_args or [])],
+    )
     await server.start()
     keys = keys_per_vbucket("k", keys_per_vb, num_vbuckets)
     fence_keys = _fence_keys(num_vbuckets)
-    writer = Writer(port, keys, num_vbuckets, random.Random(rng.randrange(1 << 32)),
-                    batch=writer_batch)
+    writer = Writer(
+        port, keys, num_vbuckets, random.Random(rng.randrange(1 << 32)), batch=writer_batch
+    )
     writer.epoch = 1
     history = [(1, await failover_logs(port))]
-    procs = [ConsumerProc(workdir / f"consumer{i}", f"chaos-consumer-{i}", port,
-                          ["--fault", consumer_fault, *(consumer_args or [])])
-             for i in range(consumers)]
+    procs = [
+        ConsumerProc(
+            workdir / f"consumer{i}",
+            f"chaos-consumer-{i}",
+            port,
+            ["--fault", consumer_fault, *(consumer_args or [])],
+        )
+        for i in range(consumers)
+    ]
     for c in procs:
         c.start()
     server_kills = 0
     graceful_stops = 0
     freezes = 0
-    sleeper = procs[-1] if sleeper_rounds and consumers >= 2 and rounds >= sleeper_rounds + 5 \
-        else None
+    sleeper = (
+        procs[-1] if sleeper_rounds and consumers >= 2 and rounds >= sleeper_rounds + 5 else None
+    )
     rounds_done = 0
     findings: list[str] = []
     writer_done = trio.Event()
@@ -305,8 +359,9 @@ async def run_crash(workdir: Path, *, rounds: int = 50, consumers: int = 3,
             writer.epoch = rnd + 2
             history.append((rnd + 2, await failover_logs(port)))
             if graceful:
-                findings += await _check_clean_restart(port, top, history[-2][1],
-                                                       history[-1][1], rnd)
+                findings += await _check_clean_restart(
+                    port, top, history[-2][1], history[-1][1], rnd
+                )
             if victim is not None and not victim.alive():
                 victim.start()
             rounds_done += 1
@@ -316,8 +371,7 @@ async def run_crash(workdir: Path, *, rounds: int = 50, consumers: int = 3,
             await writer_done.wait()
         async with KvClient(HOST, port, num_vbuckets=num_vbuckets, timeout=30.0) as kv:
             await writer.fence(kv, fence_keys)
-        exp_until = max([a.expires_at for a in writer.log.attempts if a.op == "exp"],
-                        default=0.0)
+        exp_until = max([a.expires_at for a in writer.log.attempts if a.op == "exp"], default=0.0)
         await trio.sleep(max(0.0, exp_until + 2.5 - time.time()))
         nursery.cancel_scope.cancel()
 
@@ -342,22 +396,22 @@ async def run_crash(workdir: Path, *, rounds: int = 50, consumers: int = 3,
 
     writer.log.dump(workdir / "writer.jsonl")
     truth = Truth(writer.log.attempts, num_vbuckets)
-    findings += check_server_state(server_state, truth, final_epoch=writer.epoch,
-                                   now=time.time())
+    findings += check_server_state(server_state, truth, final_epoch=writer.epoch, now=time.time())
     lost, durable_findings = _lost_writes(writer, history)
     findings += durable_findings
     totals: dict[str, int] = {}
     per_consumer: dict[str, Any] = {}
     for c in procs:
-        view, found, counts = verify_journal(c.name, read_journal(c.dir / "journal.jsonl"),
-                                             truth)
+        view, found, counts = verify_journal(c.name, read_journal(c.dir / "journal.jsonl"), truth)
         findings += found
         state = view.state()
         if state != server_state:
             diff = sorted(set(state.items()) ^ set(server_state.items()))[:5]
-            findings.append(f"{c.name}: final view differs from the server on "
-                            f"{len(set(state.items()) ^ set(server_state.items()))} "
-                            f"documents, e.g. {diff}")
+            findings.append(
+                f"{c.name}: final view differs from the server on "
+                f"{len(set(state.items()) ^ set(server_state.items()))} "
+                f"documents, e.g. {diff}"
+            )
         try:
             saved = json.loads((c.dir / "view.json").read_text())["state"]
             if saved != state:
@@ -376,16 +430,25 @@ async def run_crash(workdir: Path, *, rounds: int = 50, consumers: int = 3,
             totals[k] = totals.get(k, 0) + v
     writes = writer.log.counts()
     report = {
-        "scenario": "crash", "seed": seed, "rounds": rounds_done, "rounds_asked": rounds,
-        "server_args": server_args or [], "consumer_args": consumer_args or [],
-        "server_kills": server_kills, "graceful_stops": graceful_stops,
+        "scenario": "crash",
+        "seed": seed,
+        "rounds": rounds_done,
+        "rounds_asked": rounds,
+        "server_args": server_args or [],
+        "consumer_args": consumer_args or [],
+        "server_kills": server_kills,
+        "graceful_stops": graceful_stops,
         "server_freezes": freezes,
-        "sleeper": None if sleeper is None else f"{sleeper.name} down for rounds 2.."
-                                                f"{1 + sleeper_rounds}",
+        "sleeper": None
+        if sleeper is None
+        else f"{sleeper.name} down for rounds 2..{1 + sleeper_rounds}",
         "server_starts": server.starts,
-        "consumer_kills": sum(c.kills for c in procs), "consumers": consumers,
-        "num_vbuckets": num_vbuckets, "keys": len(keys),
-        "writes": writes, "acked_writes_lost_in_crashes": lost,
+        "consumer_kills": sum(c.kills for c in procs),
+        "consumers": consumers,
+        "num_vbuckets": num_vbuckets,
+        "keys": len(keys),
+        "writes": writes,
+        "acked_writes_lost_in_crashes": lost,
         "rollbacks_seen": totals.get("rollbacks", 0),
         "snapshots_verified": totals.get("batches", 0),
         "events_verified": totals.get("events", 0),

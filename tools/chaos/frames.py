@@ -22,13 +22,36 @@ from dcp.protocol.opcodes import DcpOpenFlag, Opcode
 
 __all__ = ["FrameFactory", "hypothesis_corpus"]
 
-_CONTROL_KEYS = ["enable_noop", "set_noop_interval", "connection_buffer_size",
-                 "supports_cursor_dropping", "send_stream_end_on_client_close_stream",
-                 "enable_expiry_opcode", "change_streams", "set_priority", "stream_buffer_size",
-                 "bogus_key", ""]
-_STAT_GROUPS = ["", "vbucket", "vbucket-seqno", "vbucket-seqno 3", "vbucket-seqno 99999",
-                "vbucket-seqno x", "failovers", "failovers 2", "checkpoint", "checkpoint 1",
-                "dcp", "dcp-streams", "nope", "checkpoint -1", " " * 5]
+_CONTROL_KEYS = [
+    "enable_noop",
+    "set_noop_interval",
+    "connection_buffer_size",
+    "supports_cursor_dropping",
+    "send_stream_end_on_client_close_stream",
+    "enable_expiry_opcode",
+    "change_streams",
+    "set_priority",
+    "stream_buffer_size",
+    "bogus_key",
+    "",
+]
+_STAT_GROUPS = [
+    "",
+    "vbucket",
+    "vbucket-seqno",
+    "vbucket-seqno 3",
+    "vbucket-seqno 99999",
+    "vbucket-seqno x",
+    "failovers",
+    "failovers 2",
+    "checkpoint",
+    "checkpoint 1",
+    "dcp",
+    "dcp-streams",
+    "nope",
+    "checkpoint -1",
+    " " * 5,
+]
 _U64 = (1 << 64) - 1
 
 
@@ -45,8 +68,13 @@ def hypothesis_corpus(n: int, seed: int) -> list[bytes]:
     out: list[bytes] = []
     kinds = st.one_of(*KINDS.values(), untyped_frames)
 
-    @settings(max_examples=n, database=None, derandomize=False, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n,
+        database=None,
+        derandomize=False,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(fields=kinds)
     def draw(fields: dict) -> None:
         try:
@@ -83,8 +111,9 @@ class FrameFactory:
         return self.rng.choice([self.nv, 1023, 1024, 0xFFFF, self.rng.randrange(1 << 16)])
 
     def _seq(self) -> int:
-        return self.rng.choice([0, 1, 2, 5, 100, 10**6, _U64, _U64 - 1, 1 << 63,
-                                self.rng.randrange(1 << 64)])
+        return self.rng.choice(
+            [0, 1, 2, 5, 100, 10**6, _U64, _U64 - 1, 1 << 63, self.rng.randrange(1 << 64)]
+        )
 
     def template(self) -> bytes:
         rng = self.rng
@@ -102,69 +131,139 @@ class FrameFactory:
             vb = codec.vbucket_for_key(key, self.nv) if rng.random() < 0.6 else self._vb()
             fe = b""
             if rng.random() < 0.2:
-                fe = codec.durability_frame_info(rng.randrange(6)) if rng.random() < 0.8 \
+                fe = (
+                    codec.durability_frame_info(rng.randrange(6))
+                    if rng.random() < 0.8
                     else bytes([0x10 | rng.randrange(16)]) + rng.randbytes(rng.randrange(4))
-            return codec.request(rng.choice([Opcode.SET, Opcode.ADD, Opcode.REPLACE]),
-                                 vbucket=vb, opaque=op, cas=rng.choice([0, 0, 1, _U64]),
-                                 extras=codec.store_extras(rng.randrange(1 << 32),
-                                                           rng.choice([0, 0, 1, 1 << 31])),
-                                 key=key, value=rng.randbytes(rng.randrange(64)),
-                                 framing_extras=fe, datatype=rng.choice([0, 0, 1, 7]))
+                )
+            return codec.request(
+                rng.choice([Opcode.SET, Opcode.ADD, Opcode.REPLACE]),
+                vbucket=vb,
+                opaque=op,
+                cas=rng.choice([0, 0, 1, _U64]),
+                extras=codec.store_extras(rng.randrange(1 << 32), rng.choice([0, 0, 1, 1 << 31])),
+                key=key,
+                value=rng.randbytes(rng.randrange(64)),
+                framing_extras=fe,
+                datatype=rng.choice([0, 0, 1, 7]),
+            )
         if k == 7:
             vb = codec.vbucket_for_key(key, self.nv) if rng.random() < 0.6 else self._vb()
             return codec.request(Opcode.DELETE, vbucket=vb, opaque=op, key=key)
         if k == 8:
             return codec.request(Opcode.STAT, opaque=op, key=rng.choice(_STAT_GROUPS).encode())
         if k == 9:
-            ext = rng.choice([b"", struct.pack(">I", rng.randrange(6)),
-                              struct.pack(">II", rng.randrange(6), rng.randrange(1 << 32)),
-                              rng.randbytes(3)])
+            ext = rng.choice(
+                [
+                    b"",
+                    struct.pack(">I", rng.randrange(6)),
+                    struct.pack(">II", rng.randrange(6), rng.randrange(1 << 32)),
+                    rng.randbytes(3),
+                ]
+            )
             return codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=op, extras=ext)
         if k == 10:
             name = b"fz-%x" % rng.randrange(1 << 32)
             flags = rng.choice([DcpOpenFlag.PRODUCER, 0, 2, 0x21, 0x49, rng.randrange(1 << 32)])
-            return codec.request(Opcode.DCP_OPEN, opaque=op, extras=struct.pack(">II", 0, flags),
-                                 key=name)
+            return codec.request(
+                Opcode.DCP_OPEN, opaque=op, extras=struct.pack(">II", 0, flags), key=name
+            )
         if k == 11:
-            return codec.request(Opcode.DCP_CONTROL, opaque=op,
-                                 key=rng.choice(_CONTROL_KEYS).encode(),
-                                 value=rng.choice([b"true", b"false", b"0", b"1048576", b"-1",
-                                                   b"0.05", b"1e9", b"high", b"x" * 40]))
+            return codec.request(
+                Opcode.DCP_CONTROL,
+                opaque=op,
+                key=rng.choice(_CONTROL_KEYS).encode(),
+                value=rng.choice(
+                    [
+                        b"true",
+                        b"false",
+                        b"0",
+                        b"1048576",
+                        b"-1",
+                        b"0.05",
+                        b"1e9",
+                        b"high",
+                        b"x" * 40,
+                    ]
+                ),
+            )
         if k in (12, 13):
             s, e = self._seq(), self._seq()
             ss, se = rng.choice([(s, s), (self._seq(), self._seq()), (0, _U64)])
-            value = rng.choice([b"", b"", b'{"purge_seqno":"7"}', b"{", b"[1]",
-                                b'{"purge_seqno":[]}'])
-            return codec.request(Opcode.DCP_STREAM_REQ, vbucket=self._vb(), opaque=op,
-                                 extras=struct.pack(">IIQQQQQ", rng.randrange(1 << 32) if
-                                                    rng.random() < 0.3 else 0, 0, s, e,
-                                                    rng.randrange(1 << 64), ss, se),
-                                 value=value)
+            value = rng.choice(
+                [b"", b"", b'{"purge_seqno":"7"}', b"{", b"[1]", b'{"purge_seqno":[]}']
+            )
+            return codec.request(
+                Opcode.DCP_STREAM_REQ,
+                vbucket=self._vb(),
+                opaque=op,
+                extras=struct.pack(
+                    ">IIQQQQQ",
+                    rng.randrange(1 << 32) if rng.random() < 0.3 else 0,
+                    0,
+                    s,
+                    e,
+                    rng.randrange(1 << 64),
+                    ss,
+                    se,
+                ),
+                value=value,
+            )
         if k == 14:
-            return codec.request(rng.choice([Opcode.DCP_CLOSE_STREAM,
-                                             Opcode.DCP_GET_FAILOVER_LOG]),
-                                 vbucket=self._vb(), opaque=op)
+            return codec.request(
+                rng.choice([Opcode.DCP_CLOSE_STREAM, Opcode.DCP_GET_FAILOVER_LOG]),
+                vbucket=self._vb(),
+                opaque=op,
+            )
         if k == 15:
             return codec.buffer_ack(rng.randrange(1 << 32), op)
         if k == 16:  # a client sending producer-side messages
-            return rng.choice([
-                codec.mutation(self._vb(), op, self._seq(), 1, key, b"v"),
-                codec.deletion(self._vb(), op, self._seq(), 1, key),
-                codec.snapshot_marker(self._vb(), op, 5, 9, rng.randrange(64)),
-                codec.stream_end(self._vb(), op, rng.randrange(1 << 32)),
-                codec.seqno_advanced(self._vb(), op, self._seq()),
-            ])
+            return rng.choice(
+                [
+                    codec.mutation(self._vb(), op, self._seq(), 1, key, b"v"),
+                    codec.deletion(self._vb(), op, self._seq(), 1, key),
+                    codec.snapshot_marker(self._vb(), op, 5, 9, rng.randrange(64)),
+                    codec.stream_end(self._vb(), op, rng.randrange(1 << 32)),
+                    codec.seqno_advanced(self._vb(), op, self._seq()),
+                ]
+            )
         if k == 17:  # responses nobody asked for
-            return codec.response(rng.choice([Opcode.DCP_NOOP, Opcode.DCP_MUTATION,
-                                              Opcode.DCP_STREAM_END, Opcode.GET,
-                                              rng.randrange(256)]),
-                                  rng.choice([0, 0, 1, 0x23, rng.randrange(1 << 16)]),
-                                  opaque=rng.randrange(1 << 32))
+            return codec.response(
+                rng.choice(
+                    [
+                        Opcode.DCP_NOOP,
+                        Opcode.DCP_MUTATION,
+                        Opcode.DCP_STREAM_END,
+                        Opcode.GET,
+                        rng.randrange(256),
+                    ]
+                ),
+                rng.choice([0, 0, 1, 0x23, rng.randrange(1 << 16)]),
+                opaque=rng.randrange(1 << 32),
+            )
         if k == 18:  # opcodes we do not speak
-            return codec.request(rng.choice([0x05, 0x06, 0x20, 0x51, 0x5A, 0x5B, 0x5F, 0x60,
-                                             0x89, 0xB5, 0xEE, rng.randrange(256)]),
-                                 vbucket=self._vb(), opaque=op, key=key[:rng.randrange(4)],
-                                 extras=rng.randbytes(rng.randrange(3)))
+            return codec.request(
+                rng.choice(
+                    [
+                        0x05,
+                        0x06,
+                        0x20,
+                        0x51,
+                        0x5A,
+                        0x5B,
+                        0x5F,
+                        0x60,
+                        0x89,
+                        0xB5,
+                        0xEE,
+                        rng.randrange(256),
+                    ]
+                ),
+                vbucket=self._vb(),
+                opaque=op,
+                key=key[: rng.randrange(4)],
+                extras=rng.randbytes(rng.randrange(3)),
+            )
         if self.corpus:
             return rng.choice(self.corpus)
         return codec.request(Opcode.NOOP, opaque=op)
@@ -208,15 +307,19 @@ class FrameFactory:
         if m == 0:
             b[0] = rng.choice([0x00, 0x01, 0x7F, 0x90, 0xFF, 0x18, 0x83])
         elif m == 1:
-            struct.pack_into(">I", b, 8, rng.choice([0xFFFFFFFF, 1 << 31, 20 * 1024 * 1024 + 5000,
-                                                     rng.randrange(1 << 32)]))
+            struct.pack_into(
+                ">I",
+                b,
+                8,
+                rng.choice([0xFFFFFFFF, 1 << 31, 20 * 1024 * 1024 + 5000, rng.randrange(1 << 32)]),
+            )
         elif m == 2:
             struct.pack_into(">I", b, 8, len(b) - 24 + rng.randint(1, 64))  # body never comes
         elif m == 3:
             b[4] = 255
             struct.pack_into(">H", b, 2, 0xFFFF)
         elif m == 4:
-            b = b[:rng.randrange(1, max(2, len(b)))]  # truncated
+            b = b[: rng.randrange(1, max(2, len(b)))]  # truncated
         elif m == 5:
             b = bytearray(rng.randbytes(rng.randrange(1, 64)))
         else:
@@ -231,8 +334,12 @@ class FrameFactory:
             f = self.template()
             if rng.random() < 0.5:
                 f = self.mutate_in_sync(f)
-            if f[0] in (0x81, 0x18) and 0x55 <= f[1] <= 0x59 and f[6:8] != b"\0\0" \
-                    and rng.random() < 0.999:
+            if (
+                f[0] in (0x81, 0x18)
+                and 0x55 <= f[1] <= 0x59
+                and f[6:8] != b"\0\0"
+                and rng.random() < 0.999
+            ):
                 # A client rejecting a data message makes the server close the connection
                 # (as Couchbase does): keep that rare, or few frames would be read at all.
                 f = f[:6] + b"\0\0" + f[8:]

@@ -56,8 +56,15 @@ class _Stats:
         self.connect_failures = 0
 
 
-async def _episode(port: int, fac: FrameFactory, st: _Stats, rng: random.Random,
-                   probe_timeout: float, max_burst: int, graceful_close: bool) -> None:
+async def _episode(
+    port: int,
+    fac: FrameFactory,
+    st: _Stats,
+    rng: random.Random,
+    probe_timeout: float,
+    max_burst: int,
+    graceful_close: bool,
+) -> None:
     stream = await trio.open_tcp_stream(HOST, port)
     probe = _PROBE_BASE + st.episodes
     st.episodes += 1
@@ -85,8 +92,9 @@ async def _episode(port: int, fac: FrameFactory, st: _Stats, rng: random.Random,
     if rng.random() < 0.6:
         prelude.append(codec.hello("fz", [0x07, 0x0B, 0x04, 0x10], fac._op()))
     if rng.random() < 0.5:
-        prelude.append(codec.dcp_open(b"fz-%x" % rng.randrange(1 << 40), DcpOpenFlag.PRODUCER,
-                                      fac._op()))
+        prelude.append(
+            codec.dcp_open(b"fz-%x" % rng.randrange(1 << 40), DcpOpenFlag.PRODUCER, fac._op())
+        )
         if rng.random() < 0.5:
             prelude.append(codec.dcp_control("enable_noop", "true", fac._op()))
     pre = b"".join(prelude)
@@ -141,19 +149,29 @@ async def _episode(port: int, fac: FrameFactory, st: _Stats, rng: random.Random,
     elif outcome == "closed_after_eof":
         st.closed_after_eof += 1
         if not break_it:
-            st.hung.append(f"episode {probe - _PROBE_BASE}: in-sync burst of {n} frames: probe "
-                           f"unanswered for {probe_timeout}s, closed only after our EOF")
+            st.hung.append(
+                f"episode {probe - _PROBE_BASE}: in-sync burst of {n} frames: probe "
+                f"unanswered for {probe_timeout}s, closed only after our EOF"
+            )
     else:
-        st.hung.append(f"episode {probe - _PROBE_BASE}: neither answered nor closed "
-                       f"(breaking={break_it}, {n} frames)")
+        st.hung.append(
+            f"episode {probe - _PROBE_BASE}: neither answered nor closed "
+            f"(breaking={break_it}, {n} frames)"
+        )
 
 
 async def _healthy(port: int, nv: int, ops: list, stop: trio.Event, out: dict[str, Any]) -> None:
     """The healthy consumer: streams everything and journals it in memory."""
     try:
-        async with DcpClient(HOST, port, name=f"healthy-{random.randrange(1 << 40):x}",
-                             offset_store=MemoryOffsetStore(), include_expirations=True,
-                             noop_interval=5.0, retry_timeout=60.0) as client:
+        async with DcpClient(
+            HOST,
+            port,
+            name=f"healthy-{random.randrange(1 << 40):x}",
+            offset_store=MemoryOffsetStore(),
+            include_expirations=True,
+            noop_interval=5.0,
+            retry_timeout=60.0,
+        ) as client:
             out["client"] = client
             while not stop.is_set():
                 for item in await client.getmany(timeout=0.2):
@@ -167,8 +185,17 @@ async def _healthy(port: int, nv: int, ops: list, stop: trio.Event, out: dict[st
                             events.append([e.seqno, "m", key, e.value.decode("latin-1")])
                         elif t is Deletion or t is Expiration:
                             events.append([e.seqno, "d" if t is Deletion else "x", key, None])
-                    ops.append(["b", item.vbucket, item.start, item.end, item.flags,
-                                [list(x) for x in item.failover_log], events])
+                    ops.append(
+                        [
+                            "b",
+                            item.vbucket,
+                            item.start,
+                            item.end,
+                            item.flags,
+                            [list(x) for x in item.failover_log],
+                            events,
+                        ]
+                    )
                 await client.commit()
             out["stats"] = client.statistics()
     except Exception as exc:
@@ -176,24 +203,44 @@ async def _healthy(port: int, nv: int, ops: list, stop: trio.Event, out: dict[st
 
 
 @scenario
-async def run_fuzz(workdir: Path, *, frames: int = 1_000_000, connections: int = 4,
-                   num_vbuckets: int = 16, seed: int | None = None, time_limit: float = 900.0,
-                   corpus_size: int = 400, probe_timeout: float = 10.0,
-                   max_burst: int = 3000, log_level: str = "WARNING",
-                   graceful_close: bool = False) -> dict[str, Any]:
+async def run_fuzz(
+    workdir: Path,
+    *,
+    frames: int = 1_000_000,
+    connections: int = 4,
+    num_vbuckets: int = 16,
+    seed: int | None = None,
+    time_limit: float = 900.0,
+    corpus_size: int = 400,
+    probe_timeout: float = 10.0,
+    max_burst: int = 3000,
+    log_level: str = "WARNING",
+    graceful_close: bool = False,
+) -> dict[str, Any]:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     seed = random.randrange(1 << 32) if seed is None else seed
     rng = random.Random(seed)
     t0 = time.monotonic()
     corpus = hypothesis_corpus(corpus_size, seed)
-    server = ServerProcess(workdir / "data", workdir / "server.log", port=free_port(),
-                           num_vbuckets=num_vbuckets, args=["--log-level", log_level,
-                                                            "--expiry-interval", "1"])
+    server = ServerProcess(
+        workdir / "data",
+        workdir / "server.log",
+        port=free_port(),
+        num_vbuckets=num_vbuckets,
+        args=["--log-level", log_level, "--expiry-interval", "1"],
+    )
     port = await server.start()
     keys = keys_per_vbucket("healthy-doc:", 16, num_vbuckets)
-    writer = Writer(port, keys, num_vbuckets, random.Random(rng.randrange(1 << 32)), batch=8,
-                    pause=0.02, timeout=30.0)
+    writer = Writer(
+        port,
+        keys,
+        num_vbuckets,
+        random.Random(rng.randrange(1 << 32)),
+        batch=8,
+        pause=0.02,
+        timeout=30.0,
+    )
     writer.epoch = 1
     st = _Stats()
     ops: list = []
@@ -219,8 +266,10 @@ async def run_fuzz(workdir: Path, *, frames: int = 1_000_000, connections: int =
             await trio.sleep(0.2)
             if not server.alive():
                 crashes += 1
-                errors.append(f"server died (exit {server.proc.returncode}) after "  # type: ignore[union-attr]
-                              f"{st.frames} frames; restarted")
+                errors.append(
+                    f"server died (exit {server.proc.returncode}) after "  # type: ignore[union-attr]
+                    f"{st.frames} frames; restarted"
+                )
                 await server.start()
                 writer.epoch += 1
 
@@ -233,8 +282,7 @@ async def run_fuzz(workdir: Path, *, frames: int = 1_000_000, connections: int =
                 fz.start_soon(fuzzer, i)
         writer.stop.set()
         await trio.sleep(0.5)
-        exp_until = max([a.expires_at for a in writer.log.attempts if a.op == "exp"],
-                        default=0.0)
+        exp_until = max([a.expires_at for a in writer.log.attempts if a.op == "exp"], default=0.0)
         await trio.sleep(max(0.0, exp_until + 2.5 - time.time()))
         # let the healthy consumer catch up with the high seqnos
         target = {vb: h for vb, (h, _u, _p) in (await vb_seqnos(port)).items()}
@@ -281,24 +329,45 @@ async def run_fuzz(workdir: Path, *, frames: int = 1_000_000, connections: int =
         healthy_errors.append("healthy consumer reported no statistics")
     elapsed = time.monotonic() - t0
     report = {
-        "scenario": "fuzz", "seed": seed, "frames_sent": st.frames, "bytes_sent": st.bytes,
-        "frames_per_s": round(st.frames / elapsed), "connections": connections,
-        "episodes": st.episodes, "corpus_frames_from_hypothesis": len(corpus),
-        "probe_answered": st.answered, "closed_by_server": st.closed,
-        "closed_after_client_eof": st.closed_after_eof, "frames_received": st.responses,
-        "hung_connections": len(st.hung), "abortive_closes": st.resets,
+        "scenario": "fuzz",
+        "seed": seed,
+        "frames_sent": st.frames,
+        "bytes_sent": st.bytes,
+        "frames_per_s": round(st.frames / elapsed),
+        "connections": connections,
+        "episodes": st.episodes,
+        "corpus_frames_from_hypothesis": len(corpus),
+        "probe_answered": st.answered,
+        "closed_by_server": st.closed,
+        "closed_after_client_eof": st.closed_after_eof,
+        "frames_received": st.responses,
+        "hung_connections": len(st.hung),
+        "abortive_closes": st.resets,
         "connect_failures": st.connect_failures,
         "graceful_close_workaround": graceful_close,
-        "crashes": crashes, "server_answers_at_end": answers,
+        "crashes": crashes,
+        "server_answers_at_end": answers,
         "healthy_writes_acked": writer.log.counts().get("acked", 0),
         "healthy_snapshots_verified": counts["batches"],
         "healthy_acked_writes_checked": counts["checked_writes"],
-        "healthy_client_stats": {k: hstats.get(k) for k in
-                                 ("connects", "reconnects", "stream_reopens", "stream_retries",
-                                  "rollbacks", "batches", "items")},
+        "healthy_client_stats": {
+            k: hstats.get(k)
+            for k in (
+                "connects",
+                "reconnects",
+                "stream_reopens",
+                "stream_retries",
+                "rollbacks",
+                "batches",
+                "items",
+            )
+        },
         "healthy_stream_errors": len(healthy_errors),
         "server_tracebacks": len(tracebacks),
-        "errors": len(errors) - crashes + len(st.hung) + (0 if answers else 1)
+        "errors": len(errors)
+        - crashes
+        + len(st.hung)
+        + (0 if answers else 1)
         + (len(tracebacks) if not crashes else 0),
         "findings": (errors + healthy_errors + st.hung + tracebacks)[:100],
         "elapsed_s": round(elapsed, 1),

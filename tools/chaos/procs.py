@@ -10,7 +10,6 @@ Rules of this module:
   ``@scenario`` function kills the ones still running when it returns or fails.
 """
 
-
 from __future__ import annotations
 
 import atexit
@@ -128,8 +127,15 @@ def proc_rss(pid: int) -> int:
 class ServerProcess:
     """``dcp-server`` as a child process; stderr goes to ``log_path`` (appended)."""
 
-    def __init__(self, data_dir: Path, log_path: Path, *, port: int = 0, num_vbuckets: int = 16,
-                 args: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        *,
+        port: int = 0,
+        num_vbuckets: int = 16,
+        args: Iterable[str] = (),
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.log_path = Path(log_path)
         self.port = port
@@ -139,9 +145,21 @@ class ServerProcess:
         self.starts = 0
 
     def command(self, extra: Iterable[str] = ()) -> list[str]:
-        return [sys.executable, "-m", "dcp.producer", "--host", HOST, "--port", str(self.port),
-                "--data-dir", str(self.data_dir), "--num-vbuckets", str(self.num_vbuckets),
-                *self.args, *extra]
+        return [
+            sys.executable,
+            "-m",
+            "dcp.producer",
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--num-vbuckets",
+            str(self.num_vbuckets),
+            *self.args,
+            *extra,
+        ]
 
     async def start(self, extra: Iterable[str] = (), timeout: float = 30.0) -> int:
         """Start and wait for the ``listening`` line; returns the port."""
@@ -151,8 +169,11 @@ class ServerProcess:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
         try:
-            self.proc = track(subprocess.Popen(self.command(extra), stdin=subprocess.DEVNULL,
-                                               stdout=log, stderr=log))
+            self.proc = track(
+                subprocess.Popen(
+                    self.command(extra), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                )
+            )
         finally:
             log.close()
         self.starts += 1
@@ -167,8 +188,9 @@ class ServerProcess:
             if self.port and _accepts(self.port):  # log levels above INFO hide the line
                 return self.port
             if self.proc.poll() is not None:
-                raise HarnessError(f"server exited with {self.proc.returncode} while starting:\n"
-                                   + self.log_tail())
+                raise HarnessError(
+                    f"server exited with {self.proc.returncode} while starting:\n" + self.log_tail()
+                )
             await trio.sleep(0.02)
         self.kill()
         raise HarnessError("server did not start listening in time:\n" + self.log_tail())
@@ -217,8 +239,12 @@ class ServerProcess:
         for tb in self.tracebacks():
             lines = [x.strip(" |+-\t") for x in tb.splitlines()]
             frames = [x for x in lines if x.startswith("File ") and "/dcp/" in x]
-            excs = [x for x in lines if re.match(r"^[\w.]+(Error|Exception|Group)\b", x)
-                    and not x.startswith("ExceptionGroup")]
+            excs = [
+                x
+                for x in lines
+                if re.match(r"^[\w.]+(Error|Exception|Group)\b", x)
+                and not x.startswith("ExceptionGroup")
+            ]
             where = ""
             if frames:
                 m = re.search(r'File ".*?/(dcp/[^"]+)", line (\d+), in (\S+)', frames[-1])
@@ -236,8 +262,9 @@ class ServerProcess:
         out: list[str] = []
         cur: list[str] | None = None
         for line in lines:
-            starts = "Traceback (most recent call last)" in line \
-                or "Exception Group Traceback" in line
+            starts = (
+                "Traceback (most recent call last)" in line or "Exception Group Traceback" in line
+            )
             if cur is not None and line[:1] in (" ", "\t", "|", "+", ""):
                 cur.append(line)
                 continue
@@ -311,18 +338,34 @@ class RawClient:
                     return out
                 out[bytes(f.key).decode()] = bytes(f.value).decode()
 
-    async def store(self, key: bytes, value: bytes, vbucket: int, *, opcode: int = Opcode.SET,
-                    expiry: int = 0, durable: bool = False) -> Any:
+    async def store(
+        self,
+        key: bytes,
+        value: bytes,
+        vbucket: int,
+        *,
+        opcode: int = Opcode.SET,
+        expiry: int = 0,
+        durable: bool = False,
+    ) -> Any:
         op = self.next_opaque()
         fe = codec.durability_frame_info(3) if durable else b""
-        return await self.call(codec.request(
-            opcode, vbucket=vbucket, opaque=op, extras=codec.store_extras(0, expiry), key=key,
-            value=value, framing_extras=fe), op)
+        return await self.call(
+            codec.request(
+                opcode,
+                vbucket=vbucket,
+                opaque=op,
+                extras=codec.store_extras(0, expiry),
+                key=key,
+                value=value,
+                framing_extras=fe,
+            ),
+            op,
+        )
 
     async def get(self, key: bytes, vbucket: int) -> Any:
         op = self.next_opaque()
-        return await self.call(codec.request(Opcode.GET, vbucket=vbucket, opaque=op, key=key),
-                               op)
+        return await self.call(codec.request(Opcode.GET, vbucket=vbucket, opaque=op, key=key), op)
 
 
 async def vb_seqnos(port: int) -> dict[int, tuple[int, int, int]]:

@@ -63,8 +63,9 @@ class _Received:
         last = self.end.get(vb, 0)
         if m is None or not m[0] <= seqno <= m[1] or seqno <= last:
             if len(self.problems) < 20:
-                self.problems.append(f"{self.name} vb {vb}: item {seqno} outside marker {m} "
-                                     f"or not after {last}")
+                self.problems.append(
+                    f"{self.name} vb {vb}: item {seqno} outside marker {m} or not after {last}"
+                )
         self.end[vb] = max(last, seqno)
         version = int(value.split(b"|", 2)[1]) if value else -1
         self.latest.setdefault(vb, {})[key] = (seqno, version)
@@ -99,11 +100,9 @@ class RawSlowConsumer:
         stream = await trio.open_tcp_stream(HOST, self.port)
         # the session frames, answers noops and counts flow control; acks are due only
         # for bytes this consumer reports ``handed`` (never while stalled)
-        session = ClientSession(window=self.window, queue_per_chunk=True,
-                                max_body_size=64 << 20)
+        session = ClientSession(window=self.window, queue_per_chunk=True, max_body_size=64 << 20)
         hs = codec.dcp_open(self.name, DcpOpenFlag.PRODUCER, session.next_opaque())
-        hs += codec.dcp_control("connection_buffer_size", str(self.window),
-                                session.next_opaque())
+        hs += codec.dcp_control("connection_buffer_size", str(self.window), session.next_opaque())
         hs += codec.dcp_control("supports_cursor_dropping", "true", session.next_opaque())
         for vb in range(self.nv):
             hs += session.stream_request(vb)[1]
@@ -128,8 +127,9 @@ class RawSlowConsumer:
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def _read(self, stream: trio.SocketStream, session: ClientSession,
-                    got: _Received) -> None:
+    async def _read(
+        self, stream: trio.SocketStream, session: ClientSession, got: _Received
+    ) -> None:
         while True:
             resumed = self.resumed.is_set()
             size = 4096 if self.mode == "trickle" and not resumed else 1 << 18
@@ -140,8 +140,12 @@ class RawSlowConsumer:
             for e in session.receive_data(data):
                 if isinstance(e, ev.Items):
                     for item in e.items:
-                        got.on_item(e.vbucket, item.seqno, item.key,
-                                    item.value if type(item) is ev.Mutation else None)
+                        got.on_item(
+                            e.vbucket,
+                            item.seqno,
+                            item.key,
+                            item.value if type(item) is ev.Mutation else None,
+                        )
                 elif isinstance(e, ev.Marker):
                     got.on_marker(e.vbucket, e.start, e.end, e.flags)
                 elif isinstance(e, ev.StreamEnded):
@@ -172,8 +176,14 @@ class SdkPausedConsumer:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            async with DcpClient(HOST, self.port, name=self.name, buffer_size=256 * 1024,
-                                 offset_store=MemoryOffsetStore(), retry_timeout=120.0) as c:
+            async with DcpClient(
+                HOST,
+                self.port,
+                name=self.name,
+                buffer_size=256 * 1024,
+                offset_store=MemoryOffsetStore(),
+                retry_timeout=120.0,
+            ) as c:
                 task_status.started()
                 got = self.got
                 first = await c.getmany(timeout=2.0)  # take a little, then stop consuming
@@ -219,10 +229,18 @@ async def _stats(port: int, group: str) -> dict[str, str]:
 
 
 @scenario
-async def run_slow(workdir: Path, *, seconds: float = 20.0, quota_mib: int = 8,
-                   num_vbuckets: int = 32, keys: int = 40000, value_bytes: int = 1024,
-                   overhead_mib: int = 64, seed: int | None = None,
-                   resume_timeout: float = 180.0) -> dict[str, Any]:
+async def run_slow(
+    workdir: Path,
+    *,
+    seconds: float = 20.0,
+    quota_mib: int = 8,
+    num_vbuckets: int = 32,
+    keys: int = 40000,
+    value_bytes: int = 1024,
+    overhead_mib: int = 64,
+    seed: int | None = None,
+    resume_timeout: float = 180.0,
+) -> dict[str, Any]:
     """Phase 1 (``seconds``/2): writes with no DCP consumer: the server's own peak heap
     under this ingest (``ingest_anon_max_mib``). Phase 2 (``seconds``/2): the three slow
     consumers connect (streaming every vbucket from 0) and the writes go on. The slow
@@ -234,23 +252,35 @@ async def run_slow(workdir: Path, *, seconds: float = 20.0, quota_mib: int = 8,
     rng = random.Random(seed)
     t0 = time.monotonic()
     quota = quota_mib << 20
-    server = ServerProcess(workdir / "data", workdir / "server.log", port=free_port(),
-                           num_vbuckets=num_vbuckets,
-                           args=["--checkpoint-memory-quota", str(quota),
-                                 "--checkpoint-max-items", "1000", "--log-level", "INFO"])
+    server = ServerProcess(
+        workdir / "data",
+        workdir / "server.log",
+        port=free_port(),
+        num_vbuckets=num_vbuckets,
+        args=[
+            "--checkpoint-memory-quota",
+            str(quota),
+            "--checkpoint-max-items",
+            "1000",
+            "--log-level",
+            "INFO",
+        ],
+    )
     port = await server.start()
     await trio.sleep(0.5)
     baseline_rss = _rss_parts(server.pid)[0]
     findings: list[str] = []
-    consumers = [RawSlowConsumer("slow-stall", port, num_vbuckets, window=256 * 1024,
-                                 mode="stall"),
-                 RawSlowConsumer("slow-trickle", port, num_vbuckets, window=0, mode="trickle")]
+    consumers = [
+        RawSlowConsumer("slow-stall", port, num_vbuckets, window=256 * 1024, mode="stall"),
+        RawSlowConsumer("slow-trickle", port, num_vbuckets, window=0, mode="trickle"),
+    ]
     sdk = SdkPausedConsumer("slow-sdk-paused", port)
     everyone = [*consumers, sdk]
     last_version: dict[bytes, int] = {}
     written = {"writes": 0, "bytes": 0, "refused": 0}
-    phases = [dict.fromkeys(("rss", "anon", "file", "ckpt", "backfill", "samples"), 0)
-              for _ in range(2)]
+    phases = [
+        dict.fromkeys(("rss", "anon", "file", "ckpt", "backfill", "samples"), 0) for _ in range(2)
+    ]
     dropped_seen: dict[str, int] = {}
     names = [b"slow%06d" % i for i in range(keys)]
     version = 0
@@ -297,8 +327,10 @@ async def run_slow(workdir: Path, *, seconds: float = 20.0, quota_mib: int = 8,
         finally:
             await c.aclose()
 
-    async with trio.open_nursery() as nursery, \
-            KvClient(HOST, port, num_vbuckets=num_vbuckets, timeout=60.0) as kv:
+    async with (
+        trio.open_nursery() as nursery,
+        KvClient(HOST, port, num_vbuckets=num_vbuckets, timeout=60.0) as kv,
+    ):
         for i, ph in enumerate(phases):
             if i == 1:
                 for c in everyone:
@@ -311,28 +343,30 @@ async def run_slow(workdir: Path, *, seconds: float = 20.0, quota_mib: int = 8,
         streams = await _stats(port, "dcp-streams")
         general = await _stats(port, "")
         ckpt = await _stats(port, "checkpoint")
-        ckpt_drops = sum(1 for k, v in ckpt.items()
-                         if k.endswith(":cursor_drops") and v.isdigit() and int(v) > 0)
+        ckpt_drops = sum(
+            1 for k, v in ckpt.items() if k.endswith(":cursor_drops") and v.isdigit() and int(v) > 0
+        )
         drops: dict[str, int] = {}
         for k, v in streams.items():
             if not k.startswith("stream:"):
                 continue
             js = json.loads(v)
             name = js.get("connection", "")
-            drops[name] = drops.get(name, 0) + int(js.get("cursor_drops", 0)) \
-                + bool(js.get("cursor_dropped"))
+            drops[name] = (
+                drops.get(name, 0) + int(js.get("cursor_drops", 0)) + bool(js.get("cursor_dropped"))
+            )
         for c in everyone:
             if not drops.get(c.name) and not dropped_seen.get(c.name):
-                findings.append(f"{c.name}: no cursor was dropped (dcp-streams: "
-                                f"{drops.get(c.name)})")
+                findings.append(
+                    f"{c.name}: no cursor was dropped (dcp-streams: {drops.get(c.name)})"
+                )
         # ---- resume and receive everything
         for c in everyone:
             c.resumed.set()
         target = {vb: h for vb, (h, _u, _p) in (await vb_seqnos(port)).items()}
         deadline = time.monotonic() + resume_timeout
         while time.monotonic() < deadline:
-            if all(c.got.end.get(vb, 0) >= h for c in everyone
-                   for vb, h in target.items() if h):
+            if all(c.got.end.get(vb, 0) >= h for c in everyone for vb, h in target.items() if h):
                 break
             await trio.sleep(0.2)
         nursery.cancel_scope.cancel()
@@ -357,44 +391,60 @@ async def run_slow(workdir: Path, *, seconds: float = 20.0, quota_mib: int = 8,
                 elif h[1] != v:
                     stale += 1
             if g.end.get(vb, 0) < target.get(vb, 0):
-                findings.append(f"{c.name} vb {vb}: ended at {g.end.get(vb, 0)}, server at "
-                                f"{target[vb]}")
+                findings.append(
+                    f"{c.name} vb {vb}: ended at {g.end.get(vb, 0)}, server at {target[vb]}"
+                )
         if missing or stale:
-            findings.append(f"{c.name}: {missing} keys never received, {stale} not at their "
-                            f"last version")
+            findings.append(
+                f"{c.name}: {missing} keys never received, {stale} not at their last version"
+            )
         if not g.disk_snapshots:
             findings.append(f"{c.name}: never got a disk snapshot (no backfill after the drop)")
-        per[c.name] = {"items": g.items, "disk_snapshots": g.disk_snapshots,
-                       "cursor_drops": drops.get(c.name, 0),
-                       "samples_with_cursor_dropped": dropped_seen.get(c.name, 0),
-                       "missing": missing, "stale": stale}
+        per[c.name] = {
+            "items": g.items,
+            "disk_snapshots": g.disk_snapshots,
+            "cursor_drops": drops.get(c.name, 0),
+            "samples_with_cursor_dropped": dropped_seen.get(c.name, 0),
+            "missing": missing,
+            "stale": stale,
+        }
     # The server refuses writes above max(2 x quota, quota + 64 MiB) of checkpoint memory
     # (what is pinned there is unpersisted); one pipelined batch may land on top.
     ckpt_bound = max(2 * quota, quota + (64 << 20)) + (8 << 20)
     ckpt_max = max(ph["ckpt"] for ph in phases)
     if ckpt_max > ckpt_bound:
-        findings.append(f"checkpoint memory peaked at {ckpt_max >> 20} MiB, bound "
-                        f"{ckpt_bound >> 20} MiB")
+        findings.append(
+            f"checkpoint memory peaked at {ckpt_max >> 20} MiB, bound {ckpt_bound >> 20} MiB"
+        )
     ingest, slow = phases
     added = slow["anon"] - ingest["anon"]
     if added > overhead_mib << 20:
-        findings.append(f"slow consumers added {added >> 20} MiB of server heap (anonymous RSS "
-                        f"{ingest['anon'] >> 20} -> {slow['anon'] >> 20} MiB), more than the "
-                        f"fixed {overhead_mib} MiB allowed; buffered backfill peaked at "
-                        f"{slow['backfill'] >> 20} MiB over {num_vbuckets} vbuckets x 3 "
-                        f"consumers")
+        findings.append(
+            f"slow consumers added {added >> 20} MiB of server heap (anonymous RSS "
+            f"{ingest['anon'] >> 20} -> {slow['anon'] >> 20} MiB), more than the "
+            f"fixed {overhead_mib} MiB allowed; buffered backfill peaked at "
+            f"{slow['backfill'] >> 20} MiB over {num_vbuckets} vbuckets x 3 "
+            f"consumers"
+        )
     crashes = 0 if server.alive() else 1
     tracebacks = [f"server traceback: {t}" for t in server.crash_signatures()]
     await server.terminate()
     return {
-        "scenario": "slow", "seed": seed, "seconds": seconds, "quota_mib": quota_mib,
-        "num_vbuckets": num_vbuckets, "keys": keys, "value_bytes": value_bytes,
-        "writes": written["writes"], "written_mib": written["bytes"] >> 20,
+        "scenario": "slow",
+        "seed": seed,
+        "seconds": seconds,
+        "quota_mib": quota_mib,
+        "num_vbuckets": num_vbuckets,
+        "keys": keys,
+        "value_bytes": value_bytes,
+        "writes": written["writes"],
+        "written_mib": written["bytes"] >> 20,
         "write_batches_refused": written["refused"],
         "baseline_anon_rss_mib": baseline_rss >> 20,
         "ingest_anon_max_mib": ingest["anon"] >> 20,
         "slow_phase_anon_max_mib": slow["anon"] >> 20,
-        "slow_consumers_added_mib": added >> 20, "allowed_overhead_mib": overhead_mib,
+        "slow_consumers_added_mib": added >> 20,
+        "allowed_overhead_mib": overhead_mib,
         "rss_max_mib": max(ph["rss"] for ph in phases) >> 20,
         "rss_file_max_mib": max(ph["file"] for ph in phases) >> 20,
         "backfill_buffered_max_mib": round(slow["backfill"] / 2**20, 1),
@@ -403,7 +453,9 @@ async def run_slow(workdir: Path, *, seconds: float = 20.0, quota_mib: int = 8,
         "samples": ingest["samples"] + slow["samples"],
         "ep_cursors_dropped": general.get("ep_cursors_dropped"),
         "stat_checkpoint_streams_with_cursor_drops": ckpt_drops,
-        "consumers": per, "crashes": crashes + len(tracebacks),
-        "divergences": len(findings), "findings": (findings + tracebacks)[:100],
+        "consumers": per,
+        "crashes": crashes + len(tracebacks),
+        "divergences": len(findings),
+        "findings": (findings + tracebacks)[:100],
         "elapsed_s": round(time.monotonic() - t0, 1),
     }

@@ -33,16 +33,23 @@ from .procs import HOST, RawClient, ServerProcess, free_port, scenario, vb_seqno
 __all__ = ["run_storage"]
 
 
-async def _follow(port: int, nv: int, view: dict[str, str], out: dict[str, Any],
-                  stop: trio.Event) -> None:
+async def _follow(
+    port: int, nv: int, view: dict[str, str], out: dict[str, Any], stop: trio.Event
+) -> None:
     """A consumer that streams all along; counts rollbacks; applies rollbacks by rebuilding
     (it keeps per-key history so an undo is exact)."""
     hist: dict[int, list[tuple[int, str, str | None]]] = {}
     out["rollbacks"] = 0
     out["ends"] = {}
     try:
-        async with DcpClient(HOST, port, name="storage-follower", noop_interval=2.0,
-                             offset_store=MemoryOffsetStore(), retry_timeout=120.0) as c:
+        async with DcpClient(
+            HOST,
+            port,
+            name="storage-follower",
+            noop_interval=2.0,
+            offset_store=MemoryOffsetStore(),
+            retry_timeout=120.0,
+        ) as c:
             while not stop.is_set():
                 for item in await c.getmany(timeout=0.2):
                     vb = item.vbucket
@@ -50,7 +57,8 @@ async def _follow(port: int, nv: int, view: dict[str, str], out: dict[str, Any],
                     if isinstance(item, RollbackEvent):
                         out["rollbacks"] += 1
                         out.setdefault("rollback_events", []).append(
-                            [vb, item.seqno, item.rollback_seqno])
+                            [vb, item.seqno, item.rollback_seqno]
+                        )
                         while h and h[-1][0] > item.rollback_seqno:
                             h.pop()
                         out["ends"][vb] = item.rollback_seqno
@@ -73,23 +81,36 @@ async def _follow(port: int, nv: int, view: dict[str, str], out: dict[str, Any],
 
 
 @scenario
-async def run_storage(workdir: Path, *, map_mib: int = 2, grown_map_mib: int = 64,
-                      num_vbuckets: int = 8, value_bytes: int = 512, full_seconds: float = 3.0,
-                      seed: int | None = None, max_writes: int = 200_000) -> dict[str, Any]:
+async def run_storage(
+    workdir: Path,
+    *,
+    map_mib: int = 2,
+    grown_map_mib: int = 64,
+    num_vbuckets: int = 8,
+    value_bytes: int = 512,
+    full_seconds: float = 3.0,
+    seed: int | None = None,
+    max_writes: int = 200_000,
+) -> dict[str, Any]:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     seed = random.randrange(1 << 32) if seed is None else seed
     rng = random.Random(seed)
     t0 = time.monotonic()
     nv = num_vbuckets
-    server = ServerProcess(workdir / "data", workdir / "server.log", port=free_port(),
-                           num_vbuckets=nv)
+    server = ServerProcess(
+        workdir / "data", workdir / "server.log", port=free_port(), num_vbuckets=nv
+    )
     port = await server.start(["--map-size", str(map_mib << 20)])
     findings: list[str] = []
     acked: dict[str, str] = {}
-    fig: dict[str, Any] = {"writes_acked_before_full": 0, "etmpfail_answers": 0,
-                           "other_answers": 0, "reads_while_full": 0,
-                           "durable_while_full": ""}
+    fig: dict[str, Any] = {
+        "writes_acked_before_full": 0,
+        "etmpfail_answers": 0,
+        "other_answers": 0,
+        "reads_while_full": 0,
+        "durable_while_full": "",
+    }
     view: dict[str, str] = {}
     follow: dict[str, Any] = {}
     stop = trio.Event()
@@ -156,14 +177,17 @@ async def run_storage(workdir: Path, *, map_mib: int = 2, grown_map_mib: int = 6
         # a fresh stream while full sees every acknowledged write
         state, _ = await stream_state(port, nv)
         if state != acked:
-            findings.append(f"a fresh stream while full differs from the acknowledged writes on "
-                            f"{len(set(state.items()) ^ set(acked.items()))} documents")
+            findings.append(
+                f"a fresh stream while full differs from the acknowledged writes on "
+                f"{len(set(state.items()) ^ set(acked.items()))} documents"
+            )
         target = {vb: h for vb, (h, _u, _p) in (await vb_seqnos(port)).items()}
         with trio.move_on_after(20):
             while not all(follow.get("ends", {}).get(vb, 0) >= h for vb, h in target.items()):
                 await trio.sleep(0.1)
         fig["follower_caught_up_while_full"] = all(
-            follow.get("ends", {}).get(vb, 0) >= h for vb, h in target.items())
+            follow.get("ends", {}).get(vb, 0) >= h for vb, h in target.items()
+        )
         if not fig["follower_caught_up_while_full"]:
             findings.append("the streaming consumer stalled while the map was full")
         await c.aclose()
@@ -179,8 +203,10 @@ async def run_storage(workdir: Path, *, map_mib: int = 2, grown_map_mib: int = 6
                 lost.append(key)
         fig["acked_lost_after_restart"] = len(lost)
         if lost:
-            findings.append(f"{len(lost)} acknowledged writes lost across the graceful restart "
-                            f"with a larger map, e.g. {lost[:5]}")
+            findings.append(
+                f"{len(lost)} acknowledged writes lost across the graceful restart "
+                f"with a larger map, e.g. {lost[:5]}"
+            )
         ok = 0
         for _ in range(200):
             k, vb, v = kv(i)
@@ -205,22 +231,35 @@ async def run_storage(workdir: Path, *, map_mib: int = 2, grown_map_mib: int = 6
         findings.append("streaming consumer: " + follow["error"])
     fig["follower_rollbacks"] = follow.get("rollbacks", 0)
     if follow.get("rollbacks"):
-        findings.append(f"the streaming consumer was told to roll back "
-                        f"{follow['rollback_events'][:4]} (acknowledged data discarded)")
+        findings.append(
+            f"the streaming consumer was told to roll back "
+            f"{follow['rollback_events'][:4]} (acknowledged data discarded)"
+        )
     final, _ = await stream_state(port, nv)
     extra = {k for k in final if k not in acked}
     wrong = {k for k in acked if k in final and final[k] != acked[k]}
     if extra or wrong:
-        findings.append(f"final server data: {len(extra)} documents never acknowledged, "
-                        f"{len(wrong)} with another value")
+        findings.append(
+            f"final server data: {len(extra)} documents never acknowledged, "
+            f"{len(wrong)} with another value"
+        )
     fig["acked_missing_at_end"] = len([k for k in acked if k not in final])
     if view != final:
-        findings.append(f"the streaming consumer's view differs from the server's data on "
-                        f"{len(set(view.items()) ^ set(final.items()))} documents")
+        findings.append(
+            f"the streaming consumer's view differs from the server's data on "
+            f"{len(set(view.items()) ^ set(final.items()))} documents"
+        )
     crashes = 0 if server.alive() else 1
     tracebacks = [f"server traceback: {t}" for t in server.crash_signatures()]
     await server.terminate()
-    return {"scenario": "storage", "seed": seed, "map_mib": map_mib,
-            "grown_map_mib": grown_map_mib, **fig, "crashes": crashes + len(tracebacks),
-            "divergences": len(findings), "findings": (findings + tracebacks)[:50],
-            "elapsed_s": round(time.monotonic() - t0, 1)}
+    return {
+        "scenario": "storage",
+        "seed": seed,
+        "map_mib": map_mib,
+        "grown_map_mib": grown_map_mib,
+        **fig,
+        "crashes": crashes + len(tracebacks),
+        "divergences": len(findings),
+        "findings": (findings + tracebacks)[:50],
+        "elapsed_s": round(time.monotonic() - t0, 1),
+    }

@@ -66,7 +66,8 @@ class Truth:
             if a is None:
                 dv = decode_value((value or "").encode("latin-1"))
                 return f"value {value[:40] if value else value!r} was never written" + (
-                    "" if dv is None else f" (claims key {dv[0]} version {dv[1]})")
+                    "" if dv is None else f" (claims key {dv[0]} version {dv[1]})"
+                )
             if a.key != key:
                 return f"value of key {a.key} delivered under key {key}"
             return ""
@@ -93,8 +94,16 @@ class _Checker:
         self.view = View()
         self.findings: list[str] = []
         self.max_findings = max_findings
-        self.counts = {"groups": 0, "batches": 0, "events": 0, "rollbacks": 0, "cuts": 0,
-                       "disk_snapshots": 0, "memory_snapshots": 0, "checked_writes": 0}
+        self.counts = {
+            "groups": 0,
+            "batches": 0,
+            "events": 0,
+            "rollbacks": 0,
+            "cuts": 0,
+            "disk_snapshots": 0,
+            "memory_snapshots": 0,
+            "checked_writes": 0,
+        }
 
     def find(self, msg: str) -> None:
         if len(self.findings) < self.max_findings:
@@ -143,8 +152,10 @@ class _Checker:
                 self.find(f"{where}: invented change at {seqno}: {why}")
             a = truth.acked.get((vb, uuid_of(seqno, log) or 0, seqno))
             if a is not None and not _matches(a, ek, key, value):
-                self.find(f"{where}: seqno {seqno} is {ek}:{key} but the server acknowledged "
-                          f"{a.op}:{a.key} v{a.version} there")
+                self.find(
+                    f"{where}: seqno {seqno} is {ek}:{key} but the server acknowledged "
+                    f"{a.op}:{a.key} v{a.version} there"
+                )
         log_changed = log != v.log
         self.view.apply_op(op)
         for a in truth.acked_between(vb, prev, end):
@@ -153,10 +164,12 @@ class _Checker:
             self.counts["checked_writes"] += 1
             cur = v.latest(a.key)
             if cur is None or cur[0] < a.seqno:
-                self.find(f"{where}: missing {a.op}:{a.key} v{a.version} acknowledged at "
-                          f"seqno {a.seqno} (view has "
-                          f"{'nothing' if cur is None else f'seqno {cur[0]}'}): "
-                          f"{'partial snapshot' if start <= a.seqno else 'lost change'}")
+                self.find(
+                    f"{where}: missing {a.op}:{a.key} v{a.version} acknowledged at "
+                    f"seqno {a.seqno} (view has "
+                    f"{'nothing' if cur is None else f'seqno {cur[0]}'}): "
+                    f"{'partial snapshot' if start <= a.seqno else 'lost change'}"
+                )
         if log_changed:
             self.check_branches(vb, log)
 
@@ -168,13 +181,16 @@ class _Checker:
                 continue
             owner = uuid_of(seqno, log)
             if owner != uuid:
-                self.find(f"vb {vb}: view keeps {key} at seqno {seqno} from branch {uuid}, "
-                          f"which the server's log {log[:3]}... does not contain there "
-                          f"(a change the server lost; rollback not surfaced or not obeyed)")
+                self.find(
+                    f"vb {vb}: view keeps {key} at seqno {seqno} from branch {uuid}, "
+                    f"which the server's log {log[:3]}... does not contain there "
+                    f"(a change the server lost; rollback not surfaced or not obeyed)"
+                )
 
 
-def verify_journal(name: str, groups: Iterable[list[list[Any]]], truth: Truth,
-                   max_findings: int = 50) -> tuple[View, list[str], dict[str, int]]:
+def verify_journal(
+    name: str, groups: Iterable[list[list[Any]]], truth: Truth, max_findings: int = 50
+) -> tuple[View, list[str], dict[str, int]]:
     """Replay ``groups`` with every check; returns (final view, findings, counts)."""
     c = _Checker(name, truth, max_findings)
     for group in groups:
@@ -186,8 +202,9 @@ def verify_journal(name: str, groups: Iterable[list[list[Any]]], truth: Truth,
     return c.view, c.findings, c.counts
 
 
-def check_server_state(state: dict[str, str], truth: Truth, *, final_epoch: int,
-                       now: float) -> list[str]:
+def check_server_state(
+    state: dict[str, str], truth: Truth, *, final_epoch: int, now: float
+) -> list[str]:
     """The server's final documents against the writer's log: nothing invented, every
     acknowledged durable write kept, and every write acknowledged in the last server
     incarnation (no crash after it) is the key's final state."""
@@ -205,28 +222,39 @@ def check_server_state(state: dict[str, str], truth: Truth, *, final_epoch: int,
             last_durable[a.key] = a
     for key, d in last_durable.items():
         cur = state.get(key)
-        removals = [a.version for a in truth.attempts
-                    if a.key == key and a.version >= d.version and a.op in ("del", "exp")]
+        removals = [
+            a.version
+            for a in truth.attempts
+            if a.key == key and a.version >= d.version and a.op in ("del", "exp")
+        ]
         later_removal[key] = max(removals) if removals else 0
         if cur is None:
             if not removals:
-                out.append(f"server: durable {d.op}:{key} v{d.version} (seqno {d.seqno}) "
-                           f"lost: the key is gone and no later delete/expiry was tried")
+                out.append(
+                    f"server: durable {d.op}:{key} v{d.version} (seqno {d.seqno}) "
+                    f"lost: the key is gone and no later delete/expiry was tried"
+                )
             continue
         a = truth.by_value.get(cur)
         if a is not None and a.version < d.version:
-            out.append(f"server: durable write {key} v{d.version} (seqno {d.seqno}) lost: "
-                       f"the key holds the older v{a.version}")
+            out.append(
+                f"server: durable write {key} v{d.version} (seqno {d.seqno}) lost: "
+                f"the key holds the older v{a.version}"
+            )
     for key, a in last.items():
         if a.status != "acked" or a.sent_epoch != final_epoch:
             continue
         cur = state.get(key)
         if a.op == "set" and cur != a.value:
-            out.append(f"server: {key} should hold v{a.version} (acknowledged at seqno "
-                       f"{a.seqno}, no crash since) but holds {cur[:30] if cur else cur!r}")
+            out.append(
+                f"server: {key} should hold v{a.version} (acknowledged at seqno "
+                f"{a.seqno}, no crash since) but holds {cur[:30] if cur else cur!r}"
+            )
         elif a.op == "del" and cur is not None:
-            out.append(f"server: {key} was deleted at seqno {a.seqno} (no crash since) but "
-                       f"holds {cur[:30]}")
+            out.append(
+                f"server: {key} was deleted at seqno {a.seqno} (no crash since) but "
+                f"holds {cur[:30]}"
+            )
         elif a.op == "exp" and cur is not None and a.expires_at + 2.0 < now:
             out.append(f"server: {key} expired (v{a.version}) but still holds {cur[:30]}")
     return out

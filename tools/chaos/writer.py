@@ -81,8 +81,21 @@ class Attempt:
     error: str = ""
 
     def to_json(self) -> list[Any]:
-        return [self.id, self.key, self.vb, self.version, self.op, self.durable, self.value,
-                self.sent_epoch, self.expires_at, self.status, self.uuid, self.seqno, self.error]
+        return [
+            self.id,
+            self.key,
+            self.vb,
+            self.version,
+            self.op,
+            self.durable,
+            self.value,
+            self.sent_epoch,
+            self.expires_at,
+            self.status,
+            self.uuid,
+            self.seqno,
+            self.error,
+        ]
 
     @classmethod
     def from_json(cls, row: list[Any]) -> Attempt:
@@ -118,10 +131,21 @@ class Writer:
     """Mixed set/delete/expiry writes (some durable) over ``keys``; one key is never
     written by two requests at once, so per-key versions are totally ordered."""
 
-    def __init__(self, port: int, keys: list[str], num_vbuckets: int, rng: random.Random, *,
-                 batch: int = 16, pause: float = 0.01, durable_ratio: float = 0.08,
-                 delete_ratio: float = 0.15, expiry_ratio: float = 0.08, max_pad: int = 120,
-                 timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        port: int,
+        keys: list[str],
+        num_vbuckets: int,
+        rng: random.Random,
+        *,
+        batch: int = 16,
+        pause: float = 0.01,
+        durable_ratio: float = 0.08,
+        delete_ratio: float = 0.15,
+        expiry_ratio: float = 0.08,
+        max_pad: int = 120,
+        timeout: float = 20.0,
+    ) -> None:
         self.port = port
         self.keys = keys
         self.num_vbuckets = num_vbuckets
@@ -145,9 +169,17 @@ class Writer:
         value = None
         if op != "del":
             value = encode_value(key, v, self.epoch, self.rng.randrange(self.max_pad)).decode()
-        a = Attempt(len(self.log.attempts), key, codec.vbucket_for_key(key.encode(),
-                    self.num_vbuckets), v, op, durable, value, self.epoch,
-                    time.time() + expiry + 1.0 if op == "exp" else 0.0)
+        a = Attempt(
+            len(self.log.attempts),
+            key,
+            codec.vbucket_for_key(key.encode(), self.num_vbuckets),
+            v,
+            op,
+            durable,
+            value,
+            self.epoch,
+            time.time() + expiry + 1.0 if op == "exp" else 0.0,
+        )
         self.log.attempts.append(a)
         return a
 
@@ -169,8 +201,11 @@ class Writer:
             if a0.op == "del":
                 res: list[Any] = await kv.delete_many([a.key for a in atts], durable=a0.durable)
             else:
-                res = await kv.set_many([(a.key, a.value.encode()) for a in atts],  # type: ignore[union-attr]
-                                        durable=a0.durable, expiry=expiry)
+                res = await kv.set_many(
+                    [(a.key, a.value.encode()) for a in atts],  # type: ignore[union-attr]
+                    durable=a0.durable,
+                    expiry=expiry,
+                )
         except BatchWriteError as exc:
             res = exc.results
         except Exception as exc:  # the whole batch failed (e.g. a timeout)
@@ -192,7 +227,8 @@ class Writer:
             else:
                 op, durable = "set", rng.random() < self.durable_ratio
             groups.setdefault((op, durable), []).append(
-                self._attempt(k, op, durable, expiry if op == "exp" else 0))
+                self._attempt(k, op, durable, expiry if op == "exp" else 0)
+            )
         for (op, _durable), atts in groups.items():
             await self._run_group(kv, atts, expiry if op == "exp" else 0)
         return len(keys)
@@ -203,8 +239,9 @@ class Writer:
         await self._run_group(kv, atts, 0)
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        async with KvClient(HOST, self.port, num_vbuckets=self.num_vbuckets,
-                            timeout=self.timeout) as kv:
+        async with KvClient(
+            HOST, self.port, num_vbuckets=self.num_vbuckets, timeout=self.timeout
+        ) as kv:
             self.kv = kv
             task_status.started()
             while not self.stop.is_set():

@@ -82,8 +82,10 @@ class BackfillChunk:
         self.beyond = 0
 
     def __repr__(self) -> str:
-        return (f"BackfillChunk({self.count} records, seqnos {self.first}..{self.last}, "
-                f"{len(self.segments)} segments)")
+        return (
+            f"BackfillChunk({self.count} records, seqnos {self.first}..{self.last}, "
+            f"{len(self.segments)} segments)"
+        )
 
 
 class BackfillScan:
@@ -94,8 +96,18 @@ class BackfillScan:
     ``may_contain_duplicates`` is True whenever superseded versions can appear.
     """
 
-    __slots__ = ("_done", "_end_key", "_iter", "_storage", "_txn", "end_seqno", "history",
-                 "may_contain_duplicates", "start_seqno", "vbucket")
+    __slots__ = (
+        "_done",
+        "_end_key",
+        "_iter",
+        "_storage",
+        "_txn",
+        "end_seqno",
+        "history",
+        "may_contain_duplicates",
+        "start_seqno",
+        "vbucket",
+    )
 
     def __init__(self, storage: LmdbStorage, vbucket: int, start_seqno: int) -> None:
         self.vbucket = vbucket
@@ -192,8 +204,9 @@ class BackfillScan:
                 if op == _MUTATION:
                     others = None
                     starts.append(len(wire))
-                    wire += pack(req, dcp_mutation, kl, extlen, dt, vb,
-                                 len(raw) - overhead, opaque, cas)
+                    wire += pack(
+                        req, dcp_mutation, kl, extlen, dt, vb, len(raw) - overhead, opaque, cas
+                    )
                     wire += raw[body_at:trailer]
                 else:
                     if starts:
@@ -256,5 +269,7 @@ class BackfillScan:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"BackfillScan(vb={self.vbucket}, {self.start_seqno}..{self.end_seqno}, "
-                f"history={self.history}, done={self._done})")
+        return (
+            f"BackfillScan(vb={self.vbucket}, {self.start_seqno}..{self.end_seqno}, "
+            f"history={self.history}, done={self._done})"
+        )

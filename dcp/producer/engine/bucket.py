@@ -41,8 +41,15 @@ _MiB = 1024 * 1024
 class Bucket:
     """A bucket of ``config.num_vbuckets`` vbuckets persisted in one LMDB environment."""
 
-    def __init__(self, config: EngineConfig, storage: LmdbStorage, warmup: Warmup, *,
-                 clock: Callable[[], float], uuid_source: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        storage: LmdbStorage,
+        warmup: Warmup,
+        *,
+        clock: Callable[[], float],
+        uuid_source: Callable[[], int],
+    ) -> None:
         """Use ``Bucket.open``: it opens ``storage`` and warms it up (``warm_up``); the
         vbuckets start from ``warmup``. The bucket owns ``storage`` from here on."""
         self.config = config
@@ -51,8 +58,11 @@ class Bucket:
         self.clock = clock
         self.uuid_source = uuid_source
         self._memory = CheckpointMemory(
-            config.checkpoint_memory_quota, self._memory_pressure,
-            retain_seconds=config.checkpoint_retain_seconds, clock=clock)
+            config.checkpoint_memory_quota,
+            self._memory_pressure,
+            retain_seconds=config.checkpoint_retain_seconds,
+            clock=clock,
+        )
         self._listeners: list[Callable[[int], None]] = []
         #: by vbid; the flusher and the compactor share this list
         self._vbuckets: list[VBucket] = [self._start_vbucket(w) for w in warmup.vbuckets]
@@ -65,8 +75,14 @@ class Bucket:
         self._closed = False
 
     @classmethod
-    def open(cls, data_dir: str | Path, config: EngineConfig | None = None, *,
-             clock: Callable[[], float], uuid_source: Callable[[], int]) -> Bucket:
+    def open(
+        cls,
+        data_dir: str | Path,
+        config: EngineConfig | None = None,
+        *,
+        clock: Callable[[], float],
+        uuid_source: Callable[[], int],
+    ) -> Bucket:
         """Open (or create) the bucket stored in ``data_dir`` and warm it up (blocking).
 
         Raises:
@@ -75,9 +91,13 @@ class Bucket:
         """
         config = config or EngineConfig()
         config.validate()
-        storage = LmdbStorage(data_dir, num_vbuckets=config.num_vbuckets,
-                              map_size=config.map_size, sync=config.lmdb_sync,
-                              history_enabled=config.history_enabled)
+        storage = LmdbStorage(
+            data_dir,
+            num_vbuckets=config.num_vbuckets,
+            map_size=config.map_size,
+            sync=config.lmdb_sync,
+            history_enabled=config.history_enabled,
+        )
         try:
             warmup = warm_up(storage, config, uuid_source)
             bucket = cls(config, storage, warmup, clock=clock, uuid_source=uuid_source)
@@ -87,12 +107,24 @@ class Bucket:
         return bucket
 
     def _start_vbucket(self, w: VBucketWarmup) -> VBucket:
-        return VBucket(w.vbid, config=self.config, memory=self._memory, storage=self.storage,
-                       clock=self.clock, uuid_source=self.uuid_source, notify=self._queued,
-                       state=w.state, failover_log=w.failover_log, high_seqno=w.high_seqno,
-                       snap_start=w.snap_start, snap_end=w.snap_end,
-                       purge_seqno=w.purge_seqno, max_cas=w.max_cas,
-                       history_start=w.history_start, index=w.index)
+        return VBucket(
+            w.vbid,
+            config=self.config,
+            memory=self._memory,
+            storage=self.storage,
+            clock=self.clock,
+            uuid_source=self.uuid_source,
+            notify=self._queued,
+            state=w.state,
+            failover_log=w.failover_log,
+            high_seqno=w.high_seqno,
+            snap_start=w.snap_start,
+            snap_end=w.snap_end,
+            purge_seqno=w.purge_seqno,
+            max_cas=w.max_cas,
+            history_start=w.history_start,
+            index=w.index,
+        )
 
     # ------------------------------------------------------------------ vbuckets
 
@@ -115,24 +147,50 @@ class Bucket:
             raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {vb} out of range")
         return self._vbuckets[vb]
 
-    def set(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
-            cas: int = 0, datatype: int = 0) -> MutationResult:
+    def set(
+        self,
+        vb: int,
+        key: bytes,
+        value: bytes,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        cas: int = 0,
+        datatype: int = 0,
+    ) -> MutationResult:
         """Upsert (CAS-checked when ``cas`` != 0: KeyExists on mismatch, KeyNotFound if
         absent)."""
-        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype,
-                                         StoreMode.SET)
+        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype, StoreMode.SET)
 
-    def add(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
-            cas: int = 0, datatype: int = 0) -> MutationResult:
+    def add(
+        self,
+        vb: int,
+        key: bytes,
+        value: bytes,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        cas: int = 0,
+        datatype: int = 0,
+    ) -> MutationResult:
         """Insert; ``KeyExists`` if a live version exists."""
-        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype,
-                                         StoreMode.ADD)
+        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype, StoreMode.ADD)
 
-    def replace(self, vb: int, key: bytes, value: bytes, *, flags: int = 0, expiry: int = 0,
-                cas: int = 0, datatype: int = 0) -> MutationResult:
+    def replace(
+        self,
+        vb: int,
+        key: bytes,
+        value: bytes,
+        *,
+        flags: int = 0,
+        expiry: int = 0,
+        cas: int = 0,
+        datatype: int = 0,
+    ) -> MutationResult:
         """Update; ``KeyNotFound`` if no live version exists."""
-        return self.owner(vb, key).store(key, value, flags, expiry, cas, datatype,
-                                         StoreMode.REPLACE)
+        return self.owner(vb, key).store(
+            key, value, flags, expiry, cas, datatype, StoreMode.REPLACE
+        )
 
     def delete(self, vb: int, key: bytes, *, cas: int = 0) -> MutationResult:
         """Tombstone a live key; ``KeyNotFound`` if absent, ``KeyExists`` on CAS mismatch."""
@@ -237,8 +295,7 @@ class Bucket:
             for vb in self._vbuckets:
                 mgr = vb.checkpoints
                 if mgr.num_checkpoints > 1:
-                    candidates.extend((pinned, vb.vbid, c) for pinned, c in
-                                      mgr.droppable_cursors())
+                    candidates.extend((pinned, vb.vbid, c) for pinned, c in mgr.droppable_cursors())
             candidates.sort(key=lambda t: t[0], reverse=True)
             for _pinned, vbid, cursor in candidates:
                 if mem.used <= mem.quota:

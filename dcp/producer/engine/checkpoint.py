@@ -94,9 +94,28 @@ class Checkpoint:
     seqno + 1), ``last_seqno`` the seqno of its last item (``start_seqno - 1`` if empty).
     """
 
-    __slots__ = ("closed", "closed_at", "gen", "id", "index", "items", "kinds", "last_seqno",
-                 "mem", "next", "num_cursors", "queued", "seqnos", "stamp_from",
-                 "stamp_opaque", "stamp_upto", "start_seqno", "starts", "wire", "wire_dead")
+    __slots__ = (
+        "closed",
+        "closed_at",
+        "gen",
+        "id",
+        "index",
+        "items",
+        "kinds",
+        "last_seqno",
+        "mem",
+        "next",
+        "num_cursors",
+        "queued",
+        "seqnos",
+        "stamp_from",
+        "stamp_opaque",
+        "stamp_upto",
+        "start_seqno",
+        "starts",
+        "wire",
+        "wire_dead",
+    )
 
     def __init__(self, ckpt_id: int, start_seqno: int) -> None:
         self.id = ckpt_id
@@ -156,8 +175,11 @@ class Checkpoint:
                 elif stop < 0:
                     stop = b
                 last = starts[stop - 1]
-                segs.append(WireRun(self, wire, starts[s:stop],
-                                    last + HEADER_SIZE + _BODYLEN(wire, last + 8)[0]))
+                segs.append(
+                    WireRun(
+                        self, wire, starts[s:stop], last + HEADER_SIZE + _BODYLEN(wire, last + 8)[0]
+                    )
+                )
                 count += stop - s
                 if first < 0:
                     first = _SEQNO(wire, starts[s] + HEADER_SIZE)[0]
@@ -183,8 +205,10 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        return (f"Checkpoint(id={self.id}, {state}, seqnos {self.start_seqno}.."
-                f"{self.last_seqno}, {self.num_items} items, {self.mem} B)")
+        return (
+            f"Checkpoint(id={self.id}, {state}, seqnos {self.start_seqno}.."
+            f"{self.last_seqno}, {self.num_items} items, {self.mem} B)"
+        )
 
 
 class Snapshot:
@@ -199,8 +223,9 @@ class Snapshot:
         self.items = items
 
     def __repr__(self) -> str:
-        return (f"Snapshot({self.start}..{self.end}, flags=0x{self.flags:02x}, "
-                f"{len(self.items)} items)")
+        return (
+            f"Snapshot({self.start}..{self.end}, flags=0x{self.flags:02x}, {len(self.items)} items)"
+        )
 
 
 class WireRun:
@@ -212,8 +237,7 @@ class WireRun:
 
     __slots__ = ("ckpt", "end", "starts", "wire")
 
-    def __init__(self, ckpt: Checkpoint | None, wire: bytearray, starts: array,
-                 end: int) -> None:
+    def __init__(self, ckpt: Checkpoint | None, wire: bytearray, starts: array, end: int) -> None:
         self.ckpt = ckpt
         self.wire = wire
         self.starts = starts
@@ -245,8 +269,10 @@ class WireRun:
     def __repr__(self) -> str:
         if not self.starts:
             return "WireRun(empty)"
-        return (f"WireRun({len(self.starts)} frames, seqnos {self.seqno(0)}.."
-                f"{self.seqno(len(self.starts) - 1)})")
+        return (
+            f"WireRun({len(self.starts)} frames, seqnos {self.seqno(0)}.."
+            f"{self.seqno(len(self.starts) - 1)})"
+        )
 
 
 class WireSnapshot:
@@ -263,8 +289,10 @@ class WireSnapshot:
         self.count = count
 
     def __repr__(self) -> str:
-        return (f"WireSnapshot({self.start}..{self.end}, flags=0x{self.flags:02x}, "
-                f"{self.count} items in {len(self.segments)} segments)")
+        return (
+            f"WireSnapshot({self.start}..{self.end}, flags=0x{self.flags:02x}, "
+            f"{self.count} items in {len(self.segments)} segments)"
+        )
 
 
 class Cursor:

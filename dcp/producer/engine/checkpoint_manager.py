@@ -30,8 +30,14 @@ from .checkpoint import Checkpoint, Cursor, CursorRegistration, Snapshot, WireSn
 from .checkpoint_list import CheckpointList, CheckpointMemory
 from .item import Item
 
-__all__ = ["PERSISTENCE_CURSOR", "CheckpointManager", "CheckpointMemory", "PeekMark",
-           "read_snapshots", "read_wire_snapshots"]
+__all__ = [
+    "PERSISTENCE_CURSOR",
+    "CheckpointManager",
+    "CheckpointMemory",
+    "PeekMark",
+    "read_snapshots",
+    "read_wire_snapshots",
+]
 
 PERSISTENCE_CURSOR = "persistence"
 _MEMORY = int(SnapshotMarkerFlag.MEMORY)
@@ -47,13 +53,26 @@ class CheckpointManager:
 
     __slots__ = ("_cursors", "_list", "persistence_cursor", "queue", "vbid")
 
-    def __init__(self, vbid: int, memory: CheckpointMemory, *, start_seqno: int,
-                 max_items: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        vbid: int,
+        memory: CheckpointMemory,
+        *,
+        start_seqno: int,
+        max_items: int,
+        max_bytes: int,
+    ) -> None:
         """``start_seqno`` is the first seqno the first checkpoint may hold (high + 1)."""
         self.vbid = vbid
         lst = self._list = CheckpointList(
-            vbid, memory, start_seqno=start_seqno, max_items=max_items, max_bytes=max_bytes,
-            on_compacted=self._compacted, on_closed=self._closed)
+            vbid,
+            memory,
+            start_seqno=start_seqno,
+            max_items=max_items,
+            max_bytes=max_bytes,
+            on_compacted=self._compacted,
+            on_closed=self._closed,
+        )
         #: ``queue(item)``: append to the open checkpoint, superseding that key's older
         #: slot (the list's own method: the ingest hot path pays no extra call)
         self.queue = lst.queue
@@ -188,8 +207,9 @@ class CheckpointManager:
         ckpt = cursor.checkpoint
         if ckpt is None:
             return []
-        snaps, ckpt, offset, last = read_snapshots(ckpt, cursor.offset, cursor.last_seqno,
-                                                   max_items)
+        snaps, ckpt, offset, last = read_snapshots(
+            ckpt, cursor.offset, cursor.last_seqno, max_items
+        )
         self._move(cursor, ckpt, offset, last)
         return snaps
 
@@ -198,8 +218,9 @@ class CheckpointManager:
         ckpt = cursor.checkpoint
         if ckpt is None:
             return []
-        snaps, ckpt, offset, last = read_wire_snapshots(ckpt, cursor.offset,
-                                                        cursor.last_seqno, max_items)
+        snaps, ckpt, offset, last = read_wire_snapshots(
+            ckpt, cursor.offset, cursor.last_seqno, max_items
+        )
         self._move(cursor, ckpt, offset, last)
         return snaps
 
@@ -211,8 +232,9 @@ class CheckpointManager:
         ckpt = cursor.checkpoint
         if ckpt is None:
             return [], (None, 0, cursor.last_seqno, 0)
-        snaps, ckpt, offset, last = read_snapshots(ckpt, cursor.offset, cursor.last_seqno,
-                                                   max_items)
+        snaps, ckpt, offset, last = read_snapshots(
+            ckpt, cursor.offset, cursor.last_seqno, max_items
+        )
         return snaps, (ckpt, offset, last, ckpt.gen)
 
     def advance_to(self, cursor: Cursor, mark: PeekMark) -> None:
@@ -311,8 +333,9 @@ class CheckpointManager:
         return out
 
 
-def read_snapshots(ckpt: Checkpoint, off: int, last: int, max_items: int
-                   ) -> tuple[list[Snapshot], Checkpoint, int, int]:
+def read_snapshots(
+    ckpt: Checkpoint, off: int, last: int, max_items: int
+) -> tuple[list[Snapshot], Checkpoint, int, int]:
     """Snapshots of items after slot ``off`` of ``ckpt``, stopping once >= ``max_items``
     items; also the (checkpoint, offset, last seqno) reached (``last`` if none)."""
     out: list[Snapshot] = []
@@ -330,15 +353,17 @@ def read_snapshots(ckpt: Checkpoint, off: int, last: int, max_items: int
             break
         chunk = list(filter(None, items[off:end]))
         last = chunk[-1].seqno
-        out.append(Snapshot(chunk[0].seqno, last,
-                            _MEMORY_CHECKPOINT if off == 0 else _MEMORY, chunk))
+        out.append(
+            Snapshot(chunk[0].seqno, last, _MEMORY_CHECKPOINT if off == 0 else _MEMORY, chunk)
+        )
         n += len(chunk)
         off = end
     return out, ckpt, off, last
 
 
-def read_wire_snapshots(ckpt: Checkpoint, off: int, last: int, max_items: int
-                        ) -> tuple[list[WireSnapshot], Checkpoint, int, int]:
+def read_wire_snapshots(
+    ckpt: Checkpoint, off: int, last: int, max_items: int
+) -> tuple[list[WireSnapshot], Checkpoint, int, int]:
     """``read_snapshots`` as wire runs (``Checkpoint.segments``): the same snapshots and
     the same position reached."""
     out: list[WireSnapshot] = []
@@ -355,8 +380,9 @@ def read_wire_snapshots(ckpt: Checkpoint, off: int, last: int, max_items: int
             break
         segs, count, first = ckpt.segments(off, end)
         last = ckpt.last_seqno  # slot end - 1: the last slot is never superseded
-        out.append(WireSnapshot(first, last, _MEMORY_CHECKPOINT if off == 0 else _MEMORY,
-                                segs, count))
+        out.append(
+            WireSnapshot(first, last, _MEMORY_CHECKPOINT if off == 0 else _MEMORY, segs, count)
+        )
         n += count
         off = end
     return out, ckpt, off, last

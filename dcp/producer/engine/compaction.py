@@ -40,8 +40,9 @@ class Compactor:
 
     __slots__ = ("_clock", "_config", "_vbuckets")
 
-    def __init__(self, vbuckets: Sequence[VBucket], config: EngineConfig,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, vbuckets: Sequence[VBucket], config: EngineConfig, clock: Callable[[], float]
+    ) -> None:
         """``vbuckets``: the bucket's vbuckets, indexed by vbid (the bucket's own list)."""
         self._vbuckets = vbuckets
         self._config = config

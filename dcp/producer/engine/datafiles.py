@@ -28,8 +28,15 @@ from pathlib import Path
 
 from .errors import DataDirError
 
-__all__ = ["DATA_FILE", "MARKER", "MetaPage", "check_data_files", "read_meta_pages",
-           "set_aside_damaged", "write_marker"]
+__all__ = [
+    "DATA_FILE",
+    "MARKER",
+    "MetaPage",
+    "check_data_files",
+    "read_meta_pages",
+    "set_aside_damaged",
+    "write_marker",
+]
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"
@@ -54,8 +61,9 @@ class MetaPage:
 
     __slots__ = ("last_pgno", "main_entries", "map_size", "page_size", "txnid")
 
-    def __init__(self, page_size: int, map_size: int, last_pgno: int, txnid: int,
-                 main_entries: int) -> None:
+    def __init__(
+        self, page_size: int, map_size: int, last_pgno: int, txnid: int, main_entries: int
+    ) -> None:
         self.page_size = page_size
         self.map_size = map_size
         self.last_pgno = last_pgno
@@ -72,10 +80,15 @@ def _meta_at(buf: bytes, offset: int) -> MetaPage | None:
     if len(buf) < offset + _PAGE_HEADER + _META.size:
         return None
     magic, version, _addr, mapsize, free_db, main_db, last, txnid = _META.unpack_from(
-        buf, offset + _PAGE_HEADER)
+        buf, offset + _PAGE_HEADER
+    )
     psize = _DB_PAD.unpack_from(free_db)[0]
-    if magic != _MAGIC or version != 1 or not _MIN_PAGE <= psize <= _MAX_PAGE \
-            or psize & (psize - 1):
+    if (
+        magic != _MAGIC
+        or version != 1
+        or not _MIN_PAGE <= psize <= _MAX_PAGE
+        or psize & (psize - 1)
+    ):
         return None
     return MetaPage(psize, mapsize, last, txnid, _DB_ENTRIES.unpack_from(main_db)[0])
 
@@ -88,8 +101,9 @@ def read_meta_pages(path: Path) -> list[MetaPage]:
         metas = [first] if first else []
         # the second meta page sits one page in; the first tells the page size (else try
         # the common ones: a damaged first page must not hide an intact second one)
-        for psize in ([first.page_size] if first else [4096, 8192, 16384, 65536, 512,
-                                                         1024, 2048, 32768]):
+        for psize in (
+            [first.page_size] if first else [4096, 8192, 16384, 65536, 512, 1024, 2048, 32768]
+        ):
             f.seek(psize)
             second = _meta_at(f.read(_PAGE_HEADER + _META.size), 0)
             if second is not None and second.page_size == psize:
@@ -100,8 +114,10 @@ def read_meta_pages(path: Path) -> list[MetaPage]:
 
 
 def _remedy(path: Path) -> str:
-    return (f"restore {path.name} from a backup, or start with --reset-data to set it aside "
-            "and begin with an empty store")
+    return (
+        f"restore {path.name} from a backup, or start with --reset-data to set it aside "
+        "and begin with an empty store"
+    )
 
 
 def check_data_files(data_dir: str | Path) -> None:
@@ -121,8 +137,7 @@ def check_data_files(data_dir: str | Path) -> None:
         size = data.stat().st_size
     except FileNotFoundError:
         if lost:
-            raise DataDirError(f"{data} is missing, but {evidence}; {_remedy(data)}") \
-                from None
+            raise DataDirError(f"{data} is missing, but {evidence}; {_remedy(data)}") from None
         return
     except OSError as exc:
         raise DataDirError(f"cannot stat {data}: {exc.strerror}") from None
@@ -135,25 +150,39 @@ def check_data_files(data_dir: str | Path) -> None:
     except OSError as exc:
         raise DataDirError(f"cannot read {data}: {exc.strerror}") from None
     if not metas:
-        raise DataDirError(f"{data} ({size} bytes) has no valid LMDB meta page: not an LMDB "
-                           f"data file, or its first pages are damaged; {_remedy(data)}")
+        raise DataDirError(
+            f"{data} ({size} bytes) has no valid LMDB meta page: not an LMDB "
+            f"data file, or its first pages are damaged; {_remedy(data)}"
+        )
     newest = metas[0]
     if size < newest.used_bytes:
         raise DataDirError(
             f"{data} is truncated: {size} bytes, but its LMDB meta page (transaction "
-            f"{newest.txnid}) says {newest.used_bytes} bytes are in use; {_remedy(data)}")
+            f"{newest.txnid}) says {newest.used_bytes} bytes are in use; {_remedy(data)}"
+        )
     if marker_exists and newest.main_entries == 0:
-        raise DataDirError(f"{data} holds an empty LMDB environment, but {d / MARKER} says "
-                           f"this directory holds a bucket; {_remedy(data)}")
+        raise DataDirError(
+            f"{data} holds an empty LMDB environment, but {d / MARKER} says "
+            f"this directory holds a bucket; {_remedy(data)}"
+        )
 
 
 def write_marker(data_dir: str | Path, fields: dict[str, object]) -> None:
     """Write the marker durably (temp file, fsync, rename, fsync of the directory)."""
     d = Path(data_dir)
     tmp = d / (MARKER + ".tmp")
-    body = json.dumps({"what": "dcp data directory: data.mdb holds a bucket; do not start "
-                               "this store empty without --reset-data", **fields},
-                      indent=1, sort_keys=True) + "\n"
+    body = (
+        json.dumps(
+            {
+                "what": "dcp data directory: data.mdb holds a bucket; do not start "
+                "this store empty without --reset-data",
+                **fields,
+            },
+            indent=1,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     with open(tmp, "w") as f:
         f.write(body)
         f.flush()

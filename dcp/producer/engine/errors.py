@@ -19,8 +19,7 @@ from __future__ import annotations
 from ...protocol.errors import StatusError, TemporaryFailure
 from ...protocol.opcodes import Status
 
-__all__ = ["ChecksumError", "DataDirError", "DiskFullError", "StorageError",
-           "StorageFullError"]
+__all__ = ["ChecksumError", "DataDirError", "DiskFullError", "StorageError", "StorageFullError"]
 
 
 class StorageError(TemporaryFailure):
@@ -55,8 +54,10 @@ class ChecksumError(_PermanentStorageError):
         self.vbucket = vbucket
         self.seqno = seqno
         self.key = key
-        super().__init__(f"checksum mismatch in the stored record of vb {vbucket} seqno "
-                         f"{seqno} key {key[:64]!r}: the data file is damaged there")
+        super().__init__(
+            f"checksum mismatch in the stored record of vb {vbucket} seqno "
+            f"{seqno} key {key[:64]!r}: the data file is damaged there"
+        )
 
 
 class DataDirError(_PermanentStorageError):

@@ -45,11 +45,20 @@ __all__ = ["FlushBatch", "Flusher", "VBucketFlush"]
 class VBucketFlush:
     """One vbucket's part of a batch: items in seqno order and the state to persist."""
 
-    __slots__ = ("high_seqno", "items", "mark", "snap_end", "snap_start", "state",
-                 "state_version", "vbid")
+    __slots__ = (
+        "high_seqno",
+        "items",
+        "mark",
+        "snap_end",
+        "snap_start",
+        "state",
+        "state_version",
+        "vbid",
+    )
 
-    def __init__(self, vbid: int, items: list[Item], state: VBStateRecord, mark: PeekMark,
-                 state_version: int) -> None:
+    def __init__(
+        self, vbid: int, items: list[Item], state: VBStateRecord, mark: PeekMark, state_version: int
+    ) -> None:
         self.vbid = vbid
         self.items = items
         self.state = state
@@ -76,13 +85,26 @@ class FlushBatch:
 class Flusher:
     """Reads every vbucket's persistence cursor; see the module rules."""
 
-    __slots__ = ("_dirty", "_in_flight", "_listeners", "_next_vb", "_persisted_versions",
-                 "_relieve_memory", "_storage", "_vbuckets", "batches_failed",
-                 "batches_written", "items_written", "last_error", "mark_dirty",
-                 "mark_dirty_many")
+    __slots__ = (
+        "_dirty",
+        "_in_flight",
+        "_listeners",
+        "_next_vb",
+        "_persisted_versions",
+        "_relieve_memory",
+        "_storage",
+        "_vbuckets",
+        "batches_failed",
+        "batches_written",
+        "items_written",
+        "last_error",
+        "mark_dirty",
+        "mark_dirty_many",
+    )
 
-    def __init__(self, vbuckets: Sequence[VBucket], storage: LmdbStorage,
-                 relieve_memory: Callable[[], None]) -> None:
+    def __init__(
+        self, vbuckets: Sequence[VBucket], storage: LmdbStorage, relieve_memory: Callable[[], None]
+    ) -> None:
         """``vbuckets``: the bucket's vbuckets, indexed by vbid (the bucket's own list,
         filled at warm-up). ``relieve_memory()`` is called after every durable batch:
         the items it persisted may now be freed (the bucket checks its quota)."""
@@ -153,8 +175,9 @@ class Flusher:
                 rec = vb.state_record(last.end, last.start, last.end)
             elif version != persisted.get(vbid, 0):
                 items = []
-                rec = vb.state_record(vb.persisted_seqno, vb.persisted_snap_start,
-                                      vb.persisted_snap_end)
+                rec = vb.state_record(
+                    vb.persisted_seqno, vb.persisted_snap_start, vb.persisted_snap_end
+                )
             else:
                 dirty.discard(vbid)
                 continue

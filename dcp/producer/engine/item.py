@@ -86,12 +86,32 @@ class Item:
 
     @classmethod
     def mutation(
-        cls, vbucket: int, seqno: int, rev_seqno: int, cas: int, flags: int, expiry: int,
-        datatype: int, key: bytes, value: bytes,
+        cls,
+        vbucket: int,
+        seqno: int,
+        rev_seqno: int,
+        cas: int,
+        flags: int,
+        expiry: int,
+        datatype: int,
+        key: bytes,
+        value: bytes,
     ) -> Item:
         """A mutation with its wire body encoded (the one place bodies are made)."""
-        return cls(vbucket, seqno, rev_seqno, cas, flags, expiry, datatype, key, value,
-                   _MUTATION, 0, mutation_body(seqno, rev_seqno, flags, expiry, key, value))
+        return cls(
+            vbucket,
+            seqno,
+            rev_seqno,
+            cas,
+            flags,
+            expiry,
+            datatype,
+            key,
+            value,
+            _MUTATION,
+            0,
+            mutation_body(seqno, rev_seqno, flags, expiry, key, value),
+        )
 
     @property
     def is_deleted(self) -> bool:
@@ -100,8 +120,10 @@ class Item:
 
     def __repr__(self) -> str:
         op = ItemOp(self.op).name
-        return (f"Item(vb={self.vbucket}, seqno={self.seqno}, {op}, key={self.key!r}, "
-                f"rev={self.rev_seqno}, cas={self.cas}, value={len(self.value)}B)")
+        return (
+            f"Item(vb={self.vbucket}, seqno={self.seqno}, {op}, key={self.key!r}, "
+            f"rev={self.rev_seqno}, cas={self.cas}, value={len(self.value)}B)"
+        )
 
 
 def item_size(item: Item) -> int:

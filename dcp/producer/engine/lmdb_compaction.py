@@ -39,11 +39,16 @@ class CompactionPlan:
     ``history_cutoff_cas`` 0: no age pruning; ``history_bytes_per_vb`` 0: no byte limit.
     """
 
-    __slots__ = ("history_bytes_per_vb", "history_cutoff_cas", "now", "purge_before",
-                 "vbuckets")
+    __slots__ = ("history_bytes_per_vb", "history_cutoff_cas", "now", "purge_before", "vbuckets")
 
-    def __init__(self, now: float, vbuckets: list[int], purge_before: float | None,
-                 history_cutoff_cas: int, history_bytes_per_vb: int) -> None:
+    def __init__(
+        self,
+        now: float,
+        vbuckets: list[int],
+        purge_before: float | None,
+        history_cutoff_cas: int,
+        history_bytes_per_vb: int,
+    ) -> None:
         self.now = now
         self.vbuckets = vbuckets
         self.purge_before = purge_before
@@ -56,8 +61,14 @@ class VBucketCompaction:
 
     __slots__ = ("history_start", "pruned", "purge_seqno", "purged", "vbid")
 
-    def __init__(self, vbid: int, purged: list[tuple[bytes, int]], purge_seqno: int,
-                 pruned: int, history_start: int) -> None:
+    def __init__(
+        self,
+        vbid: int,
+        purged: list[tuple[bytes, int]],
+        purge_seqno: int,
+        pruned: int,
+        history_start: int,
+    ) -> None:
         self.vbid = vbid
         self.purged = purged
         self.purge_seqno = purge_seqno
@@ -82,9 +93,18 @@ class CompactionResult:
         return sum(v.pruned for v in self.vbuckets)
 
 
-def compact_vbucket(txn: Any, vb: int, *, item_db: Any, state_db: Any,
-                    disk_index: dict[bytes, int], purge_seqno: int, history_start: int,
-                    history: bool, plan: CompactionPlan) -> VBucketCompaction:
+def compact_vbucket(
+    txn: Any,
+    vb: int,
+    *,
+    item_db: Any,
+    state_db: Any,
+    disk_index: dict[bytes, int],
+    purge_seqno: int,
+    history_start: int,
+    history: bool,
+    plan: CompactionPlan,
+) -> VBucketCompaction:
     """Delete what ``plan`` purges or prunes from ``vb`` inside ``txn`` (module rules).
 
     ``disk_index``, ``purge_seqno`` and ``history_start`` are the storage's current
@@ -100,7 +120,7 @@ def compact_vbucket(txn: Any, vb: int, *, item_db: Any, state_db: Any,
     old_versions: dict[bytes, list[int]] = {}
     for k, v in txn.cursor(db=item_db):
         op, _dt, cas, kl, dtime, seqno, _r, _f, _e, _l, _n, _u = _rec_unpack(v)
-        key = v[_REC_HEAD:_REC_HEAD + kl]
+        key = v[_REC_HEAD : _REC_HEAD + kl]
         if disk_index.get(key) == seqno:
             if op != _MUTATION and purge_before is not None and dtime < purge_before:
                 doomed.append(seqno)
@@ -119,8 +139,9 @@ def compact_vbucket(txn: Any, vb: int, *, item_db: Any, state_db: Any,
         newest_pruned, pruned = _prune_history(superseded, set(doomed), plan, doomed)
         if newest_pruned:
             hist_start = max(hist_start, newest_pruned + 1)
-    new_purge = max(purge_seqno, rec.purge_seqno if rec else 0,
-                    max((s for _, s in purged), default=0))
+    new_purge = max(
+        purge_seqno, rec.purge_seqno if rec else 0, max((s for _, s in purged), default=0)
+    )
     delete = txn.delete
     for seqno in sorted(doomed):
         delete(item_key(vb, seqno), db=item_db)
@@ -131,8 +152,9 @@ def compact_vbucket(txn: Any, vb: int, *, item_db: Any, state_db: Any,
     return VBucketCompaction(vb, purged, new_purge, pruned, hist_start)
 
 
-def _prune_history(superseded: list[tuple[int, int, int]], gone: set[int],
-                   plan: CompactionPlan, doomed: list[int]) -> tuple[int, int]:
+def _prune_history(
+    superseded: list[tuple[int, int, int]], gone: set[int], plan: CompactionPlan, doomed: list[int]
+) -> tuple[int, int]:
     """Append the superseded versions to prune to ``doomed`` (those not already ``gone``):
     first by age, then oldest first down to the byte budget. Returns (newest pruned
     seqno or 0, versions pruned)."""

@@ -85,13 +85,30 @@ CRC_RESIDUE = 0x48674BC7
 def encode_item(item: Item) -> bytes:
     """The byseq value of ``item`` (with its checksum trailer)."""
     if item.body:
-        rec = _prefix_pack(item.op, item.datatype, item.cas, len(item.key),
-                           item.delete_time) + item.body
+        rec = (
+            _prefix_pack(item.op, item.datatype, item.cas, len(item.key), item.delete_time)
+            + item.body
+        )
     else:
         key = item.key
-        rec = _record_pack(item.op, item.datatype, item.cas, len(key), item.delete_time,
-                           item.seqno, item.rev_seqno, item.flags, item.expiry, 0, 0, 0) + \
-            key + item.value
+        rec = (
+            _record_pack(
+                item.op,
+                item.datatype,
+                item.cas,
+                len(key),
+                item.delete_time,
+                item.seqno,
+                item.rev_seqno,
+                item.flags,
+                item.expiry,
+                0,
+                0,
+                0,
+            )
+            + key
+            + item.value
+        )
     return rec + crc32c(rec).to_bytes(4, "little")
 
 
@@ -104,7 +121,7 @@ def checksum_error(vbucket: int, seqno: int, raw: bytes) -> ChecksumError:
     """The error for a damaged record stored at ``seqno`` (the LMDB key's, which the
     checksum does not cover but LMDB's own structure does)."""
     kl = int.from_bytes(raw[10:12], "big") if len(raw) >= 12 else 0
-    return ChecksumError(vbucket, seqno, raw[RECORD_HEAD:RECORD_HEAD + kl])
+    return ChecksumError(vbucket, seqno, raw[RECORD_HEAD : RECORD_HEAD + kl])
 
 
 def add_checksum(raw: bytes) -> bytes:
@@ -121,8 +138,20 @@ def decode_item(vbucket: int, raw: bytes) -> Item:
     op, dt, cas, kl, dtime, seqno, rev, flags, exp, _lk, _nm, _nru = _record_unpack(raw)
     ke = RECORD_HEAD + kl
     end = len(raw) - CRC_SIZE
-    return Item(vbucket, seqno, rev, cas, flags, exp, dt, raw[RECORD_HEAD:ke], raw[ke:end], op,
-                dtime, raw[_BODY_AT:end] if op == _MUTATION else b"")
+    return Item(
+        vbucket,
+        seqno,
+        rev,
+        cas,
+        flags,
+        exp,
+        dt,
+        raw[RECORD_HEAD:ke],
+        raw[ke:end],
+        op,
+        dtime,
+        raw[_BODY_AT:end] if op == _MUTATION else b"",
+    )
 
 
 _STATE_HEAD = struct.Struct(">BBQQQQQQH")  # version, state, high, ss, se, purge, cas, hist, n
@@ -136,12 +165,28 @@ class VBStateRecord:
     (meaningful only with the history window on).
     """
 
-    __slots__ = ("failover", "high_seqno", "history_start", "max_cas", "purge_seqno",
-                 "snap_end", "snap_start", "state")
+    __slots__ = (
+        "failover",
+        "high_seqno",
+        "history_start",
+        "max_cas",
+        "purge_seqno",
+        "snap_end",
+        "snap_start",
+        "state",
+    )
 
-    def __init__(self, state: int, failover: list[tuple[int, int]], high_seqno: int = 0,
-                 snap_start: int = 0, snap_end: int = 0, purge_seqno: int = 0,
-                 max_cas: int = 0, history_start: int = 0) -> None:
+    def __init__(
+        self,
+        state: int,
+        failover: list[tuple[int, int]],
+        high_seqno: int = 0,
+        snap_start: int = 0,
+        snap_end: int = 0,
+        purge_seqno: int = 0,
+        max_cas: int = 0,
+        history_start: int = 0,
+    ) -> None:
         self.state = state
         self.failover = failover
         self.high_seqno = high_seqno
@@ -152,9 +197,17 @@ class VBStateRecord:
         self.history_start = history_start
 
     def encode(self) -> bytes:
-        head = _STATE_HEAD.pack(1, self.state, self.high_seqno, self.snap_start, self.snap_end,
-                                self.purge_seqno, self.max_cas, self.history_start,
-                                len(self.failover))
+        head = _STATE_HEAD.pack(
+            1,
+            self.state,
+            self.high_seqno,
+            self.snap_start,
+            self.snap_end,
+            self.purge_seqno,
+            self.max_cas,
+            self.history_start,
+            len(self.failover),
+        )
         return head + b"".join(_ENTRY.pack(u, s) for u, s in self.failover)
 
     @classmethod
@@ -167,10 +220,20 @@ class VBStateRecord:
         return cls(state, entries, high, ss, se, purge, cas, hist)
 
     def copy(self) -> VBStateRecord:
-        return VBStateRecord(self.state, list(self.failover), self.high_seqno, self.snap_start,
-                             self.snap_end, self.purge_seqno, self.max_cas, self.history_start)
+        return VBStateRecord(
+            self.state,
+            list(self.failover),
+            self.high_seqno,
+            self.snap_start,
+            self.snap_end,
+            self.purge_seqno,
+            self.max_cas,
+            self.history_start,
+        )
 
     def __repr__(self) -> str:
-        return (f"VBStateRecord(state={self.state}, high={self.high_seqno}, snap="
-                f"{self.snap_start}..{self.snap_end}, purge={self.purge_seqno}, "
-                f"failover={self.failover})")
+        return (
+            f"VBStateRecord(state={self.state}, high={self.high_seqno}, snap="
+            f"{self.snap_start}..{self.snap_end}, purge={self.purge_seqno}, "
+            f"failover={self.failover})"
+        )

@@ -84,8 +84,15 @@ def _wrap(exc: lmdb.Error, what: str) -> StorageError:
 class LmdbStorage:
     """The bucket's LMDB store. See the module rules for threading."""
 
-    def __init__(self, path: str | Path, *, num_vbuckets: int, map_size: int,
-                 sync: bool = True, history_enabled: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        num_vbuckets: int,
+        map_size: int,
+        sync: bool = True,
+        history_enabled: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.num_vbuckets = num_vbuckets
         self.history_enabled = history_enabled
@@ -95,8 +102,15 @@ class LmdbStorage:
         check_data_files(self.path)  # before LMDB maps data.mdb (module rules)
         marker = (self.path / MARKER).exists()
         try:
-            self.env = lmdb.open(str(self.path), map_size=map_size, max_dbs=num_vbuckets + 4,
-                                 max_readers=1024, sync=sync, metasync=sync, subdir=True)
+            self.env = lmdb.open(
+                str(self.path),
+                map_size=map_size,
+                max_dbs=num_vbuckets + 4,
+                max_readers=1024,
+                sync=sync,
+                metasync=sync,
+                subdir=True,
+            )
         except lmdb.Error as exc:
             raise _wrap(exc, f"cannot open LMDB at {self.path}") from exc
         self._write_lock = threading.Lock()
@@ -109,16 +123,22 @@ class LmdbStorage:
             with env.begin(write=True) as txn:
                 self.meta_db = env.open_db(b"meta", txn=txn)
                 self.state_db = env.open_db(b"vbstate", txn=txn)
-                self._item_dbs = [env.open_db(b"seq:%04x" % vb, txn=txn)
-                                  for vb in range(num_vbuckets)]
-                fmt = check_format(txn, self.meta_db, self._item_dbs,
-                                   num_vbuckets=num_vbuckets, path=self.path, marker=marker)
+                self._item_dbs = [
+                    env.open_db(b"seq:%04x" % vb, txn=txn) for vb in range(num_vbuckets)
+                ]
+                fmt = check_format(
+                    txn,
+                    self.meta_db,
+                    self._item_dbs,
+                    num_vbuckets=num_vbuckets,
+                    path=self.path,
+                    marker=marker,
+                )
                 #: a new store; records given a checksum by the format-1 migration
                 self.fresh, self.migrated = fmt.fresh, fmt.migrated
                 self.clean_shutdown = txn.get(_CLEAN, db=self.meta_db) == b"1"
             if not marker:
-                write_marker(self.path, {"format": FORMAT_VERSION,
-                                         "num_vbuckets": num_vbuckets})
+                write_marker(self.path, {"format": FORMAT_VERSION, "num_vbuckets": num_vbuckets})
         except lmdb.Error as exc:
             env.close()
             raise _wrap(exc, "cannot initialise LMDB") from exc
@@ -154,7 +174,7 @@ class LmdbStorage:
         with self.env.begin() as txn:
             for _k, v in txn.cursor(db=self._item_dbs[vb]):
                 op, dt, cas, kl, dtime, seqno, rev, flags, exp, _l, _n, _r = _rec_unpack(v)
-                key = v[_REC_HEAD:_REC_HEAD + kl]
+                key = v[_REC_HEAD : _REC_HEAD + kl]
                 dindex[key] = seqno
                 yield seqno, key, op, rev, cas, flags, exp, dt, dtime
 
@@ -170,15 +190,15 @@ class LmdbStorage:
 
     # ------------------------------------------------------------------ writes
 
-    def write_states(self, records: dict[int, VBStateRecord], *,
-                     clean_shutdown: bool) -> None:
+    def write_states(self, records: dict[int, VBStateRecord], *, clean_shutdown: bool) -> None:
         """Write vbucket states and the clean-shutdown marker in one transaction."""
         with self._write_lock:
             try:
                 with self.env.begin(write=True) as txn:
                     for vb, rec in records.items():
-                        txn.put(VB_KEY.pack(vb), self._disk.merged(vb, rec).encode(),
-                                db=self.state_db)
+                        txn.put(
+                            VB_KEY.pack(vb), self._disk.merged(vb, rec).encode(), db=self.state_db
+                        )
                     txn.put(_CLEAN, b"1" if clean_shutdown else b"0", db=self.meta_db)
             except lmdb.Error as exc:
                 raise _wrap(exc, "cannot write vbucket states") from exc
@@ -259,8 +279,9 @@ class LmdbStorage:
             return None
         if not record_intact(raw):
             damaged = checksum_error(vb, seqno, raw)
-            log.error("%s (dcpctl inspect DATA_DIR check lists every damaged record)",
-                      damaged.detail)
+            log.error(
+                "%s (dcpctl inspect DATA_DIR check lists every damaged record)", damaged.detail
+            )
             raise damaged
         return decode_item(vb, raw)
 
@@ -308,10 +329,16 @@ class LmdbStorage:
                 try:
                     with self.env.begin(write=True) as txn:
                         vc = compact_vbucket(
-                            txn, vb, item_db=self._item_dbs[vb], state_db=self.state_db,
-                            disk_index=disk.keys[vb], purge_seqno=disk.purge_seqno[vb],
+                            txn,
+                            vb,
+                            item_db=self._item_dbs[vb],
+                            state_db=self.state_db,
+                            disk_index=disk.keys[vb],
+                            purge_seqno=disk.purge_seqno[vb],
                             history_start=disk.history_start[vb],
-                            history=self.history_enabled, plan=plan)
+                            history=self.history_enabled,
+                            plan=plan,
+                        )
                 except lmdb.Error as exc:
                     raise _wrap(exc, f"compaction of vb {vb} aborted") from exc
                 disk.compacted(vc)  # committed: the bookkeeping follows the disk
@@ -335,8 +362,9 @@ class LmdbStorage:
             self._growing = True
             try:
                 if not self._scans_cond.wait_for(lambda: self._open_scans == 0, timeout):
-                    raise StorageError(f"{self._open_scans} backfill scans still open; "
-                                       "map not grown")
+                    raise StorageError(
+                        f"{self._open_scans} backfill scans still open; map not grown"
+                    )
                 if new_size > self.map_size:
                     self.env.set_mapsize(new_size)
             except lmdb.Error as exc:

@@ -35,8 +35,9 @@ class StoreFormat:
         self.migrated = migrated
 
 
-def check_format(txn: Any, meta_db: Any, item_dbs: list[Any], *, num_vbuckets: int,
-                 path: Path, marker: bool) -> StoreFormat:
+def check_format(
+    txn: Any, meta_db: Any, item_dbs: list[Any], *, num_vbuckets: int, path: Path, marker: bool
+) -> StoreFormat:
     """Check (or write, or migrate) the store's format inside ``txn`` (module rules).
 
     Raises:
@@ -48,15 +49,19 @@ def check_format(txn: Any, meta_db: Any, item_dbs: list[Any], *, num_vbuckets: i
     if fmt is None:
         if marker:
             where = path.resolve()
-            raise DataDirError(f"{where / 'data.mdb'} holds no bucket, but {where / MARKER} "
-                               "says it did; restore it from a backup, or start with "
-                               "--reset-data")
+            raise DataDirError(
+                f"{where / 'data.mdb'} holds no bucket, but {where / MARKER} "
+                "says it did; restore it from a backup, or start with "
+                "--reset-data"
+            )
         txn.put(b"format", b"%d" % FORMAT_VERSION, db=meta_db)
         txn.put(b"num_vbuckets", b"%d" % num_vbuckets, db=meta_db)
         return StoreFormat(True, 0)
     if int(fmt) not in (FORMAT_VERSION, FORMAT_UNCHECKED) or int(nvb or 0) != num_vbuckets:
-        raise StorageError(f"{path} holds format {fmt!r} with {nvb!r} vbuckets; this "
-                           f"engine needs {FORMAT_VERSION} / {num_vbuckets}")
+        raise StorageError(
+            f"{path} holds format {fmt!r} with {nvb!r} vbuckets; this "
+            f"engine needs {FORMAT_VERSION} / {num_vbuckets}"
+        )
     migrated = 0
     if int(fmt) == FORMAT_UNCHECKED:
         migrated = _add_checksums(txn, item_dbs)

@@ -57,8 +57,15 @@ def _error(status: Status, reason: str) -> StreamDecision:
 
 
 def needs_rollback(
-    failover_log: list[tuple[int, int]], *, start: int, high_seqno: int, vb_uuid: int,
-    snap_start: int, snap_end: int, purge_seqno: int, strict_vb_uuid: bool = False,
+    failover_log: list[tuple[int, int]],
+    *,
+    start: int,
+    high_seqno: int,
+    vb_uuid: int,
+    snap_start: int,
+    snap_end: int,
+    purge_seqno: int,
+    strict_vb_uuid: bool = False,
     client_purge_seqno: int = 0,
 ) -> tuple[int, str] | None:
     """§5.4 rollback steps 1-7: None, or (rollback seqno, reason).
@@ -97,9 +104,19 @@ def needs_rollback(
 
 
 def decide_stream_request(
-    *, failover_log: list[tuple[int, int]], high_seqno: int, purge_seqno: int,
-    persisted_seqno: int, vb_state: VBucketState, start: int, end: int, vb_uuid: int,
-    snap_start: int, snap_end: int, flags: int, client_purge_seqno: int = 0,
+    *,
+    failover_log: list[tuple[int, int]],
+    high_seqno: int,
+    purge_seqno: int,
+    persisted_seqno: int,
+    vb_state: VBucketState,
+    start: int,
+    end: int,
+    vb_uuid: int,
+    snap_start: int,
+    snap_end: int,
+    flags: int,
+    client_purge_seqno: int = 0,
 ) -> StreamDecision:
     """Decide a DCP_STREAM_REQ against a vbucket's state (protocol_spec/README.md §8).
 
@@ -133,18 +150,28 @@ def decide_stream_request(
     if start > end:
         return _error(Status.ERANGE, f"start {start} > end {end}")
     if not snap_start <= start <= snap_end:
-        return _error(Status.ERANGE,
-                      f"start {start} outside snapshot {snap_start}..{snap_end}")
+        return _error(Status.ERANGE, f"start {start} outside snapshot {snap_start}..{snap_end}")
     # Rollback decision (IgnorePurgedTombstones makes P = 0).
     purge = 0 if flags & _F.IGNORE_PURGED_TOMBSTONES else purge_seqno
     rb = needs_rollback(
-        failover_log, start=start, high_seqno=high_seqno, vb_uuid=vb_uuid,
-        snap_start=snap_start, snap_end=snap_end, purge_seqno=purge,
-        strict_vb_uuid=bool(flags & _F.STRICT_VB_UUID), client_purge_seqno=client_purge_seqno,
+        failover_log,
+        start=start,
+        high_seqno=high_seqno,
+        vb_uuid=vb_uuid,
+        snap_start=snap_start,
+        snap_end=snap_end,
+        purge_seqno=purge,
+        strict_vb_uuid=bool(flags & _F.STRICT_VB_UUID),
+        client_purge_seqno=client_purge_seqno,
     )
     if rb is not None:
-        return StreamDecision(kind=DecisionKind.ROLLBACK, status=Status.ROLLBACK,
-                              rollback_seqno=rb[0], vb_uuid=vb_uuid, reason=rb[1])
+        return StreamDecision(
+            kind=DecisionKind.ROLLBACK,
+            status=Status.ROLLBACK,
+            rollback_seqno=rb[0],
+            vb_uuid=vb_uuid,
+            reason=rb[1],
+        )
     # Post-checks.
     if flags & _F.TO_LATEST:
         end = high_seqno
@@ -157,7 +184,12 @@ def decide_stream_request(
     if start == snap_start and snap_end > high_seqno:
         snap_end = high_seqno
     return StreamDecision(
-        kind=DecisionKind.ACCEPT, status=Status.SUCCESS, start=start, end=end,
-        snap_start=snap_start, snap_end=snap_end,
-        vb_uuid=vb_uuid or failover_log[0][0], reason="ok",
+        kind=DecisionKind.ACCEPT,
+        status=Status.SUCCESS,
+        start=start,
+        end=end,
+        snap_start=snap_start,
+        snap_end=snap_end,
+        vb_uuid=vb_uuid or failover_log[0][0],
+        reason="ok",
     )

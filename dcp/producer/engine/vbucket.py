@@ -54,19 +54,50 @@ class StoreMode:
 class VBucket:
     """One vbucket. Read the public attributes; change state only through methods."""
 
-    __slots__ = ("_clock", "_config", "_expiries", "_index", "_max_cas", "_max_key",
-                 "_max_value", "_notify", "_storage", "_uuid_source",
-                 "checkpoints", "failover_log", "high_seqno", "history_start",
-                 "persisted_seqno", "persisted_snap_end", "persisted_snap_start",
-                 "purge_seqno", "state", "state_version", "vbid")
+    __slots__ = (
+        "_clock",
+        "_config",
+        "_expiries",
+        "_index",
+        "_max_cas",
+        "_max_key",
+        "_max_value",
+        "_notify",
+        "_storage",
+        "_uuid_source",
+        "checkpoints",
+        "failover_log",
+        "high_seqno",
+        "history_start",
+        "persisted_seqno",
+        "persisted_snap_end",
+        "persisted_snap_start",
+        "purge_seqno",
+        "state",
+        "state_version",
+        "vbid",
+    )
 
-    def __init__(self, vbid: int, *, config: EngineConfig, memory: CheckpointMemory,
-                 storage: LmdbStorage, clock: Callable[[], float],
-                 uuid_source: Callable[[], int], notify: Callable[[int], None],
-                 state: VBucketState, failover_log: FailoverTable, high_seqno: int = 0,
-                 snap_start: int = 0, snap_end: int = 0, purge_seqno: int = 0,
-                 max_cas: int = 0, history_start: int = 0,
-                 index: dict[bytes, tuple] | None = None) -> None:
+    def __init__(
+        self,
+        vbid: int,
+        *,
+        config: EngineConfig,
+        memory: CheckpointMemory,
+        storage: LmdbStorage,
+        clock: Callable[[], float],
+        uuid_source: Callable[[], int],
+        notify: Callable[[int], None],
+        state: VBucketState,
+        failover_log: FailoverTable,
+        high_seqno: int = 0,
+        snap_start: int = 0,
+        snap_end: int = 0,
+        purge_seqno: int = 0,
+        max_cas: int = 0,
+        history_start: int = 0,
+        index: dict[bytes, tuple] | None = None,
+    ) -> None:
         """``index``: the key index warm-up rebuilt (``build_key_index``); the expiry
         heap is rebuilt from it."""
         self.vbid = vbid
@@ -79,8 +110,12 @@ class VBucket:
         self.purge_seqno = purge_seqno
         self.history_start = history_start
         self.checkpoints = CheckpointManager(
-            vbid, memory, start_seqno=high_seqno + 1, max_items=config.checkpoint_max_items,
-            max_bytes=config.checkpoint_max_bytes)
+            vbid,
+            memory,
+            start_seqno=high_seqno + 1,
+            max_items=config.checkpoint_max_items,
+            max_bytes=config.checkpoint_max_bytes,
+        )
         self._config = config
         self._max_key = config.max_key_size
         self._max_value = config.max_value_size
@@ -139,8 +174,16 @@ class VBucket:
 
     def state_record(self, high_seqno: int, snap_start: int, snap_end: int) -> VBStateRecord:
         """What the flusher persists for this vbucket with items up to ``high_seqno``."""
-        return VBStateRecord(int(self.state), self.failover_log.copy(), high_seqno, snap_start,
-                             snap_end, self.purge_seqno, self._max_cas, self.history_start)
+        return VBStateRecord(
+            int(self.state),
+            self.failover_log.copy(),
+            high_seqno,
+            snap_start,
+            snap_end,
+            self.purge_seqno,
+            self._max_cas,
+            self.history_start,
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -153,8 +196,9 @@ class VBucket:
             raise InvalidArguments(Status.EINVAL, f"key length {len(key)} not in 1..250")
         return key
 
-    def store(self, key: bytes, value: bytes, flags: int, expiry: int, cas: int,
-              datatype: int, mode: int) -> MutationResult:
+    def store(
+        self, key: bytes, value: bytes, flags: int, expiry: int, cas: int, datatype: int, mode: int
+    ) -> MutationResult:
         """SET / ADD / REPLACE (``mode``), CAS-checked when ``cas`` != 0.
 
         The hot path of ingest: checks are ordered so the common case (bytes key and
@@ -188,8 +232,9 @@ class VBucket:
         self._notify(self.vbid)
         return MutationResult(seqno, new_cas, self.failover_log.entries[0][0])
 
-    def _apply(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int,
-               now: float, rev: int) -> tuple[int, int]:
+    def _apply(
+        self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int, now: float, rev: int
+    ) -> tuple[int, int]:
         """Write a checked mutation: seqno, CAS, key index, expiry heap, checkpoint.
         Returns (seqno, CAS). Does not notify (callers do, per write or per batch)."""
         if expiry and expiry <= _RELATIVE_EXPIRY_MAX:
@@ -204,12 +249,27 @@ class VBucket:
         if expiry:
             heapq.heappush(self._expiries, (expiry, seqno, key))
         # No body: the checkpoint encodes the frame into its wire log (checkpoint.py)
-        self.checkpoints.queue(Item(self.vbid, seqno, rev, new_cas, flags, expiry, datatype,
-                                    key, value, _MUTATION, 0, b""))
+        self.checkpoints.queue(
+            Item(
+                self.vbid,
+                seqno,
+                rev,
+                new_cas,
+                flags,
+                expiry,
+                datatype,
+                key,
+                value,
+                _MUTATION,
+                0,
+                b"",
+            )
+        )
         return seqno, new_cas
 
-    def store_set(self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int,
-                  now: float) -> tuple[int, int, int] | None:
+    def store_set(
+        self, key: bytes, value: bytes, flags: int, expiry: int, datatype: int, now: float
+    ) -> tuple[int, int, int] | None:
         """A plain SET (no CAS) of the batched ingest path; returns (CAS, vbucket uuid,
         seqno), or None (nothing changed) when ``store`` must handle it instead.
 
@@ -219,12 +279,12 @@ class VBucket:
         ``Bucket.queued_many`` with the vbuckets it wrote to: this method does not
         notify (one notification per vbucket and batch instead of one per write).
         """
-        if self.state is not _ACTIVE or len(value) > self._max_value or \
-                len(key) > self._max_key:
+        if self.state is not _ACTIVE or len(value) > self._max_value or len(key) > self._max_key:
             return None  # ``store`` raises the right error
         old = self._index.get(key)
-        seqno, new_cas = self._apply(key, value, flags, expiry, datatype, now,
-                                     1 if old is None else old[1] + 1)
+        seqno, new_cas = self._apply(
+            key, value, flags, expiry, datatype, now, 1 if old is None else old[1] + 1
+        )
         return new_cas, self.failover_log.entries[0][0], seqno
 
     @staticmethod
@@ -325,12 +385,13 @@ class VBucket:
             self.history_start = vc.history_start
 
     def __repr__(self) -> str:
-        return (f"VBucket({self.vbid}, {self.state.name}, high={self.high_seqno}, "
-                f"persisted={self.persisted_seqno}, uuid={self.uuid})")
+        return (
+            f"VBucket({self.vbid}, {self.state.name}, high={self.high_seqno}, "
+            f"persisted={self.persisted_seqno}, uuid={self.uuid})"
+        )
 
 
-def build_key_index(records: Iterable[tuple], max_cas: int = 0
-                    ) -> tuple[dict[bytes, tuple], int]:
+def build_key_index(records: Iterable[tuple], max_cas: int = 0) -> tuple[dict[bytes, tuple], int]:
     """The key index of a warm-up scan (``LmdbStorage.scan_for_warmup``: records in
     seqno order, so the newest version of a key wins) and the highest CAS seen, at
     least ``max_cas``. The index's tuple layout is this module's (module rules)."""

@@ -38,13 +38,33 @@ __all__ = ["VBucketWarmup", "Warmup", "failover_seqno_after_crash", "warm_up"]
 class VBucketWarmup:
     """What one vbucket starts from: its persisted state and its key index."""
 
-    __slots__ = ("failover_log", "high_seqno", "history_start", "index", "max_cas",
-                 "purge_seqno", "snap_end", "snap_start", "state", "vbid")
+    __slots__ = (
+        "failover_log",
+        "high_seqno",
+        "history_start",
+        "index",
+        "max_cas",
+        "purge_seqno",
+        "snap_end",
+        "snap_start",
+        "state",
+        "vbid",
+    )
 
-    def __init__(self, vbid: int, state: VBucketState, failover_log: FailoverTable, *,
-                 high_seqno: int = 0, snap_start: int = 0, snap_end: int = 0,
-                 purge_seqno: int = 0, max_cas: int = 0, history_start: int = 0,
-                 index: dict[bytes, tuple] | None = None) -> None:
+    def __init__(
+        self,
+        vbid: int,
+        state: VBucketState,
+        failover_log: FailoverTable,
+        *,
+        high_seqno: int = 0,
+        snap_start: int = 0,
+        snap_end: int = 0,
+        purge_seqno: int = 0,
+        max_cas: int = 0,
+        history_start: int = 0,
+        index: dict[bytes, tuple] | None = None,
+    ) -> None:
         self.vbid = vbid
         self.state = state
         self.failover_log = failover_log
@@ -58,9 +78,16 @@ class VBucketWarmup:
 
     def state_record(self) -> VBStateRecord:
         """The state record persisting this starting point."""
-        return VBStateRecord(int(self.state), self.failover_log.copy(), self.high_seqno,
-                             self.snap_start, self.snap_end, self.purge_seqno, self.max_cas,
-                             self.history_start)
+        return VBStateRecord(
+            int(self.state),
+            self.failover_log.copy(),
+            self.high_seqno,
+            self.snap_start,
+            self.snap_end,
+            self.purge_seqno,
+            self.max_cas,
+            self.history_start,
+        )
 
 
 class Warmup:
@@ -79,8 +106,7 @@ def failover_seqno_after_crash(rec: VBStateRecord) -> int:
     return rec.snap_end if rec.high_seqno == rec.snap_end else rec.snap_start
 
 
-def warm_up(storage: LmdbStorage, config: EngineConfig,
-            uuid_source: Callable[[], int]) -> Warmup:
+def warm_up(storage: LmdbStorage, config: EngineConfig, uuid_source: Callable[[], int]) -> Warmup:
     """Read every vbucket's starting point from ``storage`` (blocking; at open only).
 
     Raises:
@@ -103,10 +129,18 @@ def warm_up(storage: LmdbStorage, config: EngineConfig,
         if unclean and rec.state == VBucketState.ACTIVE:
             table.create_entry(failover_seqno_after_crash(rec), uuid_source)
         index, max_cas = build_key_index(storage.scan_for_warmup(vbid), rec.max_cas)
-        w = VBucketWarmup(vbid, VBucketState(rec.state), table, high_seqno=high,
-                          snap_start=rec.snap_start, snap_end=rec.snap_end,
-                          purge_seqno=rec.purge_seqno, max_cas=max_cas,
-                          history_start=rec.history_start, index=index)
+        w = VBucketWarmup(
+            vbid,
+            VBucketState(rec.state),
+            table,
+            high_seqno=high,
+            snap_start=rec.snap_start,
+            snap_end=rec.snap_end,
+            purge_seqno=rec.purge_seqno,
+            max_cas=max_cas,
+            history_start=rec.history_start,
+            index=index,
+        )
         if table.entries != rec.failover:
             to_write[vbid] = w.state_record()
         out.append(w)

@@ -36,11 +36,17 @@ def _items(n: int) -> list[tuple[int, bytes]]:
 
 
 def _fields(seqno: int, key: bytes) -> dict:
-    return {"magic": int(Magic.REQUEST), "opcode": int(Opcode.DCP_MUTATION), "vbucket": 5,
-            "opaque": 0x2A, "cas": seqno << 16, "datatype": int(Datatype.JSON),
-            "extras": {"by_seqno": seqno, "rev_seqno": 1, "flags": 0, "expiration": 0,
-                       "lock_time": 0},
-            "key": key, "value": VALUE}
+    return {
+        "magic": int(Magic.REQUEST),
+        "opcode": int(Opcode.DCP_MUTATION),
+        "vbucket": 5,
+        "opaque": 0x2A,
+        "cas": seqno << 16,
+        "datatype": int(Datatype.JSON),
+        "extras": {"by_seqno": seqno, "rev_seqno": 1, "flags": 0, "expiration": 0, "lock_time": 0},
+        "key": key,
+        "value": VALUE,
+    }
 
 
 def _timed(fn: Callable[[], object]) -> tuple[float, object]:
@@ -64,7 +70,7 @@ def fast_decode(stream: bytes) -> list[tuple]:
     parse = codec.parse_mutation
     out = []
     for i in range(0, len(stream), CHUNK):
-        reader.feed(stream[i:i + CHUNK])
+        reader.feed(stream[i : i + CHUNK])
         out.extend((parse(f), f.key, f.value) for f in reader.read_frames())
     return out
 
@@ -79,8 +85,9 @@ def construct_decode(frame: construct.Construct, frames: list[bytes]) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.bench.micro.codec",
-                                 description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.bench.micro.codec", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--n", type=int, default=DEFAULT_N, help=f"frames (default {DEFAULT_N})")
     n = ap.parse_args(argv).n
     items = _items(n)
@@ -100,9 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         assert parsed[-1].extras.by_seqno == n
         rows[name] = (t_enc, t_dec)
 
-    print(f"DCP_MUTATION frames: n={n}, {len(frames[0])} bytes each; Python "
-          f"{platform.python_version()}, construct {construct.__version__}; "
-          f"spec.Frame.compile() took {t_compile:.2f} s")
+    print(
+        f"DCP_MUTATION frames: n={n}, {len(frames[0])} bytes each; Python "
+        f"{platform.python_version()}, construct {construct.__version__}; "
+        f"spec.Frame.compile() took {t_compile:.2f} s"
+    )
     print(f"{'codec':40} {'encode frames/s':>16} {'decode frames/s':>16}")
     for name, (te, td) in rows.items():
         print(f"{name:40} {n / te:16,.0f} {n / td:16,.0f}")

@@ -36,17 +36,18 @@ from dcp.protocol.codec import vbucket_for_key
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.micro.engine",
-                                description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.bench.micro.engine", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--items", type=int, default=1_000_000)
     p.add_argument("--vbuckets", type=int, default=1024)
-    p.add_argument("--key-ratio", type=float, default=0.5,
-                   help="distinct keys / items (dedup when < 1)")
+    p.add_argument(
+        "--key-ratio", type=float, default=0.5, help="distinct keys / items (dedup when < 1)"
+    )
     p.add_argument("--value-size", type=int, default=100)
     p.add_argument("--batch", type=int, default=20_000, help="flush batch items")
     p.add_argument("--no-sync", action="store_true", help="LMDB sync=False")
-    p.add_argument("--default-gc", action="store_true",
-                   help="keep CPython's default GC thresholds")
+    p.add_argument("--default-gc", action="store_true", help="keep CPython's default GC thresholds")
     p.add_argument("--dir", help="data dir (default: a temp dir, removed)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     args = p.parse_args(argv)
@@ -63,8 +64,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     value = b"v" * args.value_size
 
     tmp = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="bench-engine-"))
-    cfg = EngineConfig(num_vbuckets=args.vbuckets, checkpoint_memory_quota=1 << 40,
-                       map_size=64 << 30, lmdb_sync=not args.no_sync)
+    cfg = EngineConfig(
+        num_vbuckets=args.vbuckets,
+        checkpoint_memory_quota=1 << 40,
+        map_size=64 << 30,
+        lmdb_sync=not args.no_sync,
+    )
     seq = itertools.count(1)
     bucket = Bucket.open(tmp / "data", cfg, clock=time.time, uuid_source=lambda: next(seq))
     res: dict[str, float] = {"items": n, "keys": nkeys, "vbuckets": args.vbuckets}
@@ -128,16 +133,24 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(json.dumps({k: round(v, 1) for k, v in res.items()}))
     else:
         print(f"items={n} keys={nkeys} vbuckets={args.vbuckets} sync={not args.no_sync}")
-        print(f"ingest   {res['ingest_items_per_s']:>12,.0f} items/s   (goal >= 500,000)"
-              f"  [{res['checkpoint_items']:,} items left after dedup, "
-              f"{res['checkpoint_memory_mb']:.0f} MiB checkpoints]")
-        print(f"flush    {res['flush_items_per_s']:>12,.0f} items/s   (goal >= 300,000)"
-              f"  [write_batch alone {res['flush_write_batch_only_items_per_s']:,.0f}/s, "
-              f"{written:,} items]")
-        print(f"flush+del{res['update_flush_items_per_s']:>12,.0f} items/s   (updates: each "
-              f"deletes its superseded version; {updated:,} items)")
-        print(f"backfill {res['backfill_items_per_s']:>12,.0f} items/s   (goal >= 600,000)"
-              f"  [{total:,} items, {res['disk_mb']:.0f} MiB on disk]")
+        print(
+            f"ingest   {res['ingest_items_per_s']:>12,.0f} items/s   (goal >= 500,000)"
+            f"  [{res['checkpoint_items']:,} items left after dedup, "
+            f"{res['checkpoint_memory_mb']:.0f} MiB checkpoints]"
+        )
+        print(
+            f"flush    {res['flush_items_per_s']:>12,.0f} items/s   (goal >= 300,000)"
+            f"  [write_batch alone {res['flush_write_batch_only_items_per_s']:,.0f}/s, "
+            f"{written:,} items]"
+        )
+        print(
+            f"flush+del{res['update_flush_items_per_s']:>12,.0f} items/s   (updates: each "
+            f"deletes its superseded version; {updated:,} items)"
+        )
+        print(
+            f"backfill {res['backfill_items_per_s']:>12,.0f} items/s   (goal >= 600,000)"
+            f"  [{total:,} items, {res['disk_mb']:.0f} MiB on disk]"
+        )
     return res
 
 

@@ -66,9 +66,15 @@ def fill(args: argparse.Namespace) -> None:
             streams: list[Any] = []
             for s in range(nstreams):
                 for vb in bucket.vbuckets:
-                    st = ActiveStream(name=f"c{s}:{vb.vbid}:{nstreams}", vbucket=vb,
-                                      opaque=1000 + vb.vbid, start_seqno=0, end_seqno=2**64 - 1,
-                                      options=StreamOptions(), on_backfill=lambda _s: None)
+                    st = ActiveStream(
+                        name=f"c{s}:{vb.vbid}:{nstreams}",
+                        vbucket=vb,
+                        opaque=1000 + vb.vbid,
+                        start_seqno=0,
+                        end_seqno=2**64 - 1,
+                        options=StreamOptions(),
+                        on_backfill=lambda _s: None,
+                    )
                     st.activate()
                     st.announced = True
                     streams.append(st)
@@ -87,8 +93,10 @@ def fill(args: argparse.Namespace) -> None:
             n = sum(st.items_sent for st in streams)
             for st in streams:
                 st.release()
-            print(f"fill streams/vb={nstreams}: {n:,} items, {total / 2**20:.0f} MiB, "
-                  f"{cpu:.2f} s CPU -> {cpu / n * 1e6:.3f} us/item")
+            print(
+                f"fill streams/vb={nstreams}: {n:,} items, {total / 2**20:.0f} MiB, "
+                f"{cpu:.2f} s CPU -> {cpu / n * 1e6:.3f} us/item"
+            )
     finally:
         bucket.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -108,9 +116,15 @@ def set_path(args: argparse.Namespace) -> None:
     reqs = bytearray(codec.hello("bench", [int(HelloFeature.MUTATION_SEQNO)], opaque=1))
     for i in range(args.items):
         k = _key(i)
-        reqs += codec.request(Opcode.SET, vbucket=codec.vbucket_for_key(k, nvb), opaque=i + 2,
-                              extras=codec.store_extras(0, 0), key=k, value=value)
-    chunks = [bytes(reqs[i:i + 256 * 1024]) for i in range(0, len(reqs), 256 * 1024)]
+        reqs += codec.request(
+            Opcode.SET,
+            vbucket=codec.vbucket_for_key(k, nvb),
+            opaque=i + 2,
+            extras=codec.store_extras(0, 0),
+            key=k,
+            value=value,
+        )
+    chunks = [bytes(reqs[i : i + 256 * 1024]) for i in range(0, len(reqs), 256 * 1024)]
 
     class FakeSocket:
         def getpeername(self) -> tuple[str, int]:
@@ -150,8 +164,10 @@ def set_path(args: argparse.Namespace) -> None:
                 c0 = time.process_time()
                 await conn.run()
                 cpu = time.process_time() - c0 - 0.0
-                print(f"set: {args.items:,} SETs, {stream.out:,} response bytes, {cpu:.2f} s CPU "
-                      f"-> {cpu / args.items * 1e6:.3f} us/SET (includes a 0.2 s idle tail)")
+                print(
+                    f"set: {args.items:,} SETs, {stream.out:,} response bytes, {cpu:.2f} s CPU "
+                    f"-> {cpu / args.items * 1e6:.3f} us/SET (includes a 0.2 s idle tail)"
+                )
                 server.resume_persistence()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -169,8 +185,9 @@ def flush(args: argparse.Namespace) -> None:
     nvb = args.vbuckets
     tmp = Path(tempfile.mkdtemp(prefix="bench-hot-"))
     seq = itertools.count(1)
-    cfg = EngineConfig(num_vbuckets=nvb, checkpoint_memory_quota=1 << 40,
-                       lmdb_sync=args.sync, map_size=16 << 30)
+    cfg = EngineConfig(
+        num_vbuckets=nvb, checkpoint_memory_quota=1 << 40, lmdb_sync=args.sync, map_size=16 << 30
+    )
     bucket = Bucket.open(tmp / "data", cfg, clock=time.time, uuid_source=lambda: next(seq))
     try:
         keys = [_key(i) for i in range(args.items)]
@@ -184,7 +201,7 @@ def flush(args: argparse.Namespace) -> None:
             n = 0
             wall = 0.0
             for i in range(0, len(writes), args.batch):
-                for vb, k in writes[i:i + args.batch]:
+                for vb, k in writes[i : i + args.batch]:
                     bucket.set(vb, k, value)
                 w0 = time.perf_counter()
                 while True:
@@ -203,10 +220,12 @@ def flush(args: argparse.Namespace) -> None:
                     n += batch.num_items
                 wall += time.perf_counter() - w0
             total = sum(cpu.values())
-            print(f"flush {phase}: {n:,} items in batches of {args.batch:,}: "
-                  f"{total / n * 1e6:.3f} us/item CPU ("
-                  + ", ".join(f"{k} {v / n * 1e6:.3f}" for k, v in cpu.items())
-                  + f"), wall {wall / n * 1e6:.3f} us/item, sync={args.sync}")
+            print(
+                f"flush {phase}: {n:,} items in batches of {args.batch:,}: "
+                f"{total / n * 1e6:.3f} us/item CPU ("
+                + ", ".join(f"{k} {v / n * 1e6:.3f}" for k, v in cpu.items())
+                + f"), wall {wall / n * 1e6:.3f} us/item, sync={args.sync}"
+            )
     finally:
         bucket.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -220,19 +239,20 @@ def kvencode(args: argparse.Namespace) -> None:
     pairs = [(_key(i), value) for i in range(args.items)]
     c0 = time.process_time()
     for i in range(0, len(pairs), 1000):
-        ops = kv._set_ops(pairs[i:i + 1000], 0, 0)
+        ops = kv._set_ops(pairs[i : i + 1000], 0, 0)
         buf = bytearray()
         for j, op in enumerate(ops):
             p = len(buf)
             buf += op.frame
-            buf[p + 12:p + 16] = (j + 1).to_bytes(4, "big")
+            buf[p + 12 : p + 16] = (j + 1).to_bytes(4, "big")
     cpu = time.process_time() - c0
     print(f"kvencode: {args.items:,} sets -> {cpu / args.items * 1e6:.3f} us/item")
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.micro.hotpath",
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.bench.micro.hotpath", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("what", choices=["fill", "set", "flush", "kvencode"])
     p.add_argument("--items", type=int, default=200_000)
     p.add_argument("--vbuckets", type=int, default=1024)
