@@ -53,6 +53,7 @@ from .stats import Pairs, stat_units
 
 if TYPE_CHECKING:
     from .connection import Connection
+    from .engine import MutationResult
 
 __all__ = ["KV_HANDLERS"]
 
@@ -64,8 +65,10 @@ _SUPPORTED_FEATURES = {
     HelloFeature.ALT_REQUEST_SUPPORT,
     HelloFeature.TCPNODELAY,
 }
-_PERSIST_LEVELS = (DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
-                   DurabilityLevel.PERSIST_TO_MAJORITY)
+_PERSIST_LEVELS = (
+    DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
+    DurabilityLevel.PERSIST_TO_MAJORITY,
+)
 _SET = int(Opcode.SET)
 _ADD = int(Opcode.ADD)
 _REPLACE = int(Opcode.REPLACE)
@@ -87,8 +90,11 @@ def hello(conn: Connection, f: Frame) -> None:
         if feat in _SUPPORTED_FEATURES and feat not in accepted:
             accepted.append(feat)
     conn.features = set(accepted)
-    conn.respond(codec.response(Opcode.HELLO, opaque=f.opaque,
-                                value=b"".join(codec.U16.pack(x) for x in accepted)))
+    conn.respond(
+        codec.response(
+            Opcode.HELLO, opaque=f.opaque, value=b"".join(codec.U16.pack(x) for x in accepted)
+        )
+    )
 
 
 def version(conn: Connection, f: Frame) -> None:
@@ -111,17 +117,25 @@ def _routed(conn: Connection, f: Frame, key: bytes) -> bool:
     n = conn.server.bucket.num_vbuckets
     if f.vbucket < n and vbucket_for_key(key, n) == f.vbucket:
         return True
-    conn.error(f.opcode, Status.NOT_MY_VBUCKET, f.opaque,
-               f"key does not belong to vbucket {f.vbucket} of {n}")
+    conn.error(
+        f.opcode,
+        Status.NOT_MY_VBUCKET,
+        f.opaque,
+        f"key does not belong to vbucket {f.vbucket} of {n}",
+    )
     return False
 
 
-def _write_response(conn: Connection, f: Frame, result: object) -> bytes:
+def _write_response(conn: Connection, f: Frame, result: MutationResult) -> bytes:
     extras = b""
     if HelloFeature.MUTATION_SEQNO in conn.features:
-        extras = codec.mutation_seqno_extras(result.vb_uuid, result.seqno)  # type: ignore[attr-defined]
-    return codec.response(f.opcode, opaque=f.opaque, cas=result.cas,  # type: ignore[attr-defined]
-                          extras=extras)
+        extras = codec.mutation_seqno_extras(result.vb_uuid, result.seqno)
+    return codec.response(
+        f.opcode,
+        opaque=f.opaque,
+        cas=result.cas,
+        extras=extras,
+    )
 
 
 def _writable(conn: Connection, f: Frame) -> bool:
@@ -144,14 +158,20 @@ def _durability(f: Frame) -> tuple[int, int]:
     return level, 0
 
 
-def _finish_write(conn: Connection, f: Frame, vbid: int, result: object) -> None:
+def _finish_write(conn: Connection, f: Frame, vbid: int, result: MutationResult) -> None:
     level, timeout_ms = _durability(f)
     frame = _write_response(conn, f, result)
     conn.server.metrics.op(f.opcode)
     if level in _PERSIST_LEVELS:
         timeout = timeout_ms / 1000 if timeout_ms else conn.server.config.durability_timeout
-        conn.respond_when_persisted(vbid, result.seqno, frame,  # type: ignore[attr-defined]
-                                    f.opcode, f.opaque, timeout)
+        conn.respond_when_persisted(
+            vbid,
+            result.seqno,
+            frame,
+            f.opcode,
+            f.opaque,
+            timeout,
+        )
         conn.server.persistence.want_flush()
     else:  # NONE and MAJORITY (one node: the write is in memory, as a majority's is)
         conn.respond(frame)
@@ -160,12 +180,20 @@ def _finish_write(conn: Connection, f: Frame, vbid: int, result: object) -> None
 def _durability_ok(conn: Connection, f: Frame) -> bool:
     level, timeout_ms = _durability(f)
     if level > DurabilityLevel.PERSIST_TO_MAJORITY:
-        conn.error(f.opcode, Status.DURABILITY_INVALID_LEVEL, f.opaque,
-                   f"durability level {level} is not defined")
+        conn.error(
+            f.opcode,
+            Status.DURABILITY_INVALID_LEVEL,
+            f.opaque,
+            f"durability level {level} is not defined",
+        )
         return False
     if timeout_ms == 0xFFFF:
-        conn.error(f.opcode, Status.DURABILITY_INVALID_LEVEL, f.opaque,
-                   "durability timeout 0xffff is reserved")
+        conn.error(
+            f.opcode,
+            Status.DURABILITY_INVALID_LEVEL,
+            f.opaque,
+            "durability timeout 0xffff is reserved",
+        )
         return False
     return True
 
@@ -179,16 +207,24 @@ def store(conn: Connection, f: Frame) -> None:
     bucket = conn.server.bucket
     op = {_SET: bucket.set, _ADD: bucket.add, _REPLACE: bucket.replace}[f.opcode]
     try:
-        result = op(f.vbucket, key, bytes(f.value), flags=flags,
-                    expiry=expiry, cas=f.cas, datatype=f.datatype)  # engine: relative <= 30 d
+        result = op(
+            f.vbucket,
+            key,
+            bytes(f.value),
+            flags=flags,
+            expiry=expiry,
+            cas=f.cas,
+            datatype=f.datatype,
+        )  # engine: relative <= 30 d
     except StatusError as exc:
         conn.error(f.opcode, exc.status, f.opaque, str(exc))
         return
     _finish_write(conn, f, f.vbucket, result)
 
 
-def set_run(conn: Connection, buf: bytes, pos: int, n: int, max_body: int,
-            out: bytearray) -> tuple[int, int]:
+def set_run(
+    conn: Connection, buf: bytes, pos: int, n: int, max_body: int, out: bytearray
+) -> tuple[int, int]:
     """The plain SETs starting at ``buf[pos:]`` (see the module rules): applies each
     complete one and appends its answer to ``out``, and stops at the first frame it does
     not handle (another request, an incomplete frame, anything ``store`` must check or
@@ -215,25 +251,33 @@ def set_run(conn: Connection, buf: bytes, pos: int, n: int, max_body: int,
         while n - pos >= head:
             magic, op, kl, el, dt, vb, body, opq, cas, flags, exp = _HDR_STORE(buf, pos)
             # the same limits as FrameReader's; anything unusual goes the ordinary way
-            if op != _SET or magic != 0x80 or el != store_extras or cas or \
-                    not 0 < kl <= 250 or store_extras + kl > body or body > max_body or \
-                    vb >= nvb:
+            if (
+                op != _SET
+                or magic != 0x80
+                or el != store_extras
+                or cas
+                or not 0 < kl <= 250
+                or store_extras + kl > body
+                or body > max_body
+                or vb >= nvb
+            ):
                 break
             end = pos + hsize + body
             if end > n:
                 break
             k = pos + head
-            key = buf[k:k + kl]
+            key = buf[k : k + kl]
             if route(key, nvb) != vb:
                 break  # misrouted: ``store`` answers NOT_MY_VBUCKET
-            r = vbs[vb].store_set(key, buf[k + kl:end], flags, exp, dt, now)
+            r = vbs[vb].store_set(key, buf[k + kl : end], flags, exp, dt, now)
             if r is None:
                 break
             touch(vb)
             new_cas, uuid, seqno = r
             if seqno_answer:
-                out += _resp_seqno(0x81, _SET, 0, seqno_extras, 0, 0, seqno_extras, opq, new_cas,
-                                   uuid, seqno)
+                out += _resp_seqno(
+                    0x81, _SET, 0, seqno_extras, 0, 0, seqno_extras, opq, new_cas, uuid, seqno
+                )
             else:
                 out += _resp_plain(0x81, _SET, 0, 0, 0, 0, 0, opq, new_cas)
             pos = end
@@ -262,8 +306,10 @@ def delete(conn: Connection, f: Frame) -> None:
 def get(conn: Connection, f: Frame) -> None:
     key = _check_key(f)
     if f.extras or f.value:
-        raise RemoteProtocolError(f"GET must have no extras and no value (extras "
-                                  f"{len(f.extras)} bytes, value {len(f.value)} bytes)")
+        raise RemoteProtocolError(
+            f"GET must have no extras and no value (extras "
+            f"{len(f.extras)} bytes, value {len(f.value)} bytes)"
+        )
     if not _routed(conn, f, key):
         return
     try:
@@ -272,8 +318,16 @@ def get(conn: Connection, f: Frame) -> None:
         conn.error(f.opcode, exc.status, f.opaque, str(exc))
         return
     conn.server.metrics.op(f.opcode)
-    conn.respond(codec.response(Opcode.GET, opaque=f.opaque, cas=res.cas, datatype=res.datatype,
-                                extras=codec.U32.pack(res.flags), value=res.value))
+    conn.respond(
+        codec.response(
+            Opcode.GET,
+            opaque=f.opaque,
+            cas=res.cas,
+            datatype=res.datatype,
+            extras=codec.U32.pack(res.flags),
+            value=res.value,
+        )
+    )
 
 
 def stat(conn: Connection, f: Frame) -> None:
@@ -293,8 +347,10 @@ def _stat_frames(units: Iterator[Pairs], opaque: int) -> Iterator[bytes]:
     """One chunk of STAT answers per unit, then the empty answer that ends the group."""
     response = codec.response
     for pairs in units:
-        yield b"".join(response(Opcode.STAT, opaque=opaque, key=k.encode(),
-                                value=str(v).encode()) for k, v in pairs)
+        yield b"".join(
+            response(Opcode.STAT, opaque=opaque, key=k.encode(), value=str(v).encode())
+            for k, v in pairs
+        )
     yield response(Opcode.STAT, opaque=opaque)
 
 
@@ -316,8 +372,11 @@ def get_all_vb_seqnos(conn: Connection, f: Frame) -> None:
             # batches here and still get whole snapshots from memory.
             v.checkpoints.create_checkpoint()
             pairs.append((vb, v.high_seqno))
-    conn.respond(codec.response(Opcode.GET_ALL_VB_SEQNOS, opaque=f.opaque,
-                                value=codec.all_vb_seqnos_value(pairs)))
+    conn.respond(
+        codec.response(
+            Opcode.GET_ALL_VB_SEQNOS, opaque=f.opaque, value=codec.all_vb_seqnos_value(pairs)
+        )
+    )
 
 
 KV_HANDLERS: dict[int, Callable[[Connection, Frame], None]] = {

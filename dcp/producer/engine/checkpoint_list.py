@@ -46,8 +46,14 @@ from .checkpoint import (
 )
 from .item import ITEM_OVERHEAD, Item
 
-__all__ = ["COMPACT_MIN_SLOTS", "DEAD_SLOT_BYTES", "WIRE_COMPACT_MIN", "CheckpointList",
-           "CheckpointMemory", "compact_slots"]
+__all__ = [
+    "COMPACT_MIN_SLOTS",
+    "DEAD_SLOT_BYTES",
+    "WIRE_COMPACT_MIN",
+    "CheckpointList",
+    "CheckpointMemory",
+    "compact_slots",
+]
 
 #: superseded wire bytes an open checkpoint may hold before compaction is considered
 WIRE_COMPACT_MIN = 16 * 1024
@@ -82,9 +88,14 @@ class CheckpointMemory:
 
     __slots__ = ("clock", "on_pressure", "quota", "retain_seconds", "threshold", "used")
 
-    def __init__(self, quota: int, on_pressure: Callable[[], None] | None = None, *,
-                 retain_seconds: float = 0.0, clock: Callable[[], float] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        quota: int,
+        on_pressure: Callable[[], None] | None = None,
+        *,
+        retain_seconds: float = 0.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.used = 0
         self.quota = quota
         self.threshold = quota
@@ -101,13 +112,29 @@ class CheckpointList:
     ``checkpoints`` and ``open`` are read by the manager; only this class changes them.
     """
 
-    __slots__ = ("_max_bytes", "_max_items", "_next_id", "_on_closed", "_on_compacted",
-                 "checkpoints", "memory", "open", "vbid")
+    __slots__ = (
+        "_max_bytes",
+        "_max_items",
+        "_next_id",
+        "_on_closed",
+        "_on_compacted",
+        "checkpoints",
+        "memory",
+        "open",
+        "vbid",
+    )
 
-    def __init__(self, vbid: int, memory: CheckpointMemory, *, start_seqno: int,
-                 max_items: int, max_bytes: int,
-                 on_compacted: Callable[[Checkpoint], None],
-                 on_closed: Callable[[Checkpoint, Checkpoint], None]) -> None:
+    def __init__(
+        self,
+        vbid: int,
+        memory: CheckpointMemory,
+        *,
+        start_seqno: int,
+        max_items: int,
+        max_bytes: int,
+        on_compacted: Callable[[Checkpoint], None],
+        on_closed: Callable[[Checkpoint, Checkpoint], None],
+    ) -> None:
         """``on_compacted(ckpt)``: the slots of ``ckpt`` moved, re-place its cursors.
         ``on_closed(old, new)``: ``old`` closed and ``new`` is open; cursors that read
         all of ``old`` should move to ``new``."""
@@ -135,21 +162,54 @@ class CheckpointList:
             kl = len(key)
             if body:
                 flen = _HDR + len(body)
-                wire += frame_head(_REQ, _MUT, kl, _EXT, item.datatype, self.vbid, len(body), 0,
-                                   item.cas)
+                wire += frame_head(
+                    _REQ, _MUT, kl, _EXT, item.datatype, self.vbid, len(body), 0, item.cas
+                )
                 wire += body
             else:
                 vl = len(value)
                 flen = _OVERHEAD + kl + vl
                 pack = frame_pack(kl, vl)
                 if pack is not None:
-                    wire += pack(_REQ, _MUT, kl, _EXT, item.datatype, self.vbid, _EXT + kl + vl, 0,
-                                 item.cas, item.seqno, item.rev_seqno, item.flags, item.expiry,
-                                 0, 0, 0, key, value)
+                    wire += pack(
+                        _REQ,
+                        _MUT,
+                        kl,
+                        _EXT,
+                        item.datatype,
+                        self.vbid,
+                        _EXT + kl + vl,
+                        0,
+                        item.cas,
+                        item.seqno,
+                        item.rev_seqno,
+                        item.flags,
+                        item.expiry,
+                        0,
+                        0,
+                        0,
+                        key,
+                        value,
+                    )
                 else:
-                    wire += frame_head_extras(_REQ, _MUT, kl, _EXT, item.datatype, self.vbid,
-                                              _EXT + kl + vl, 0, item.cas, item.seqno,
-                                              item.rev_seqno, item.flags, item.expiry, 0, 0, 0)
+                    wire += frame_head_extras(
+                        _REQ,
+                        _MUT,
+                        kl,
+                        _EXT,
+                        item.datatype,
+                        self.vbid,
+                        _EXT + kl + vl,
+                        0,
+                        item.cas,
+                        item.seqno,
+                        item.rev_seqno,
+                        item.flags,
+                        item.expiry,
+                        0,
+                        0,
+                        0,
+                    )
                     wire += key
                     wire += value
             ckpt.kinds.append(LIVE_FRAME)
@@ -163,10 +223,9 @@ class CheckpointList:
         index = ckpt.index
         slot = index.get(key)
         if slot is not None:
-            old = items[slot]
+            old: Item = items[slot]  # type: ignore[assignment]  # indexed slots are live
             items[slot] = None
-            size -= (len(old.key) + len(old.value) + len(old.body)  # type: ignore[union-attr]
-                     + ITEM_OVERHEAD - DEAD_SLOT_BYTES)
+            size -= len(old.key) + len(old.value) + len(old.body) + ITEM_OVERHEAD - DEAD_SLOT_BYTES
             if ckpt.kinds[slot] == LIVE_FRAME:
                 dead = _HDR + _BODYLEN(wire, ckpt.starts[slot] + 8)[0]
                 size -= dead - _HDR
@@ -175,16 +234,20 @@ class CheckpointList:
         index[key] = len(items)
         items.append(item)
         ckpt.mem += size
-        if ((ckpt.wire_dead > WIRE_COMPACT_MIN and 2 * ckpt.wire_dead > len(wire))
-                or (len(items) > 2 * len(index) and len(items) > COMPACT_MIN_SLOTS)):
+        if (ckpt.wire_dead > WIRE_COMPACT_MIN and 2 * ckpt.wire_dead > len(wire)) or (
+            len(items) > 2 * len(index) and len(items) > COMPACT_MIN_SLOTS
+        ):
             self._compact(ckpt)  # refunds the dead slots itself
             items = ckpt.items
         ckpt.last_seqno = item.seqno
         mem = self.memory
         mem.used += size
         ckpt.queued += 1
-        if (ckpt.queued >= self._max_items or ckpt.mem >= self._max_bytes
-                or len(ckpt.wire) >= _WIRE_MAX):
+        if (
+            ckpt.queued >= self._max_items
+            or ckpt.mem >= self._max_bytes
+            or len(ckpt.wire) >= _WIRE_MAX
+        ):
             self._close_open()
         if mem.used > mem.threshold:
             mem.on_pressure()
@@ -292,7 +355,7 @@ def compact_slots(ckpt: Checkpoint) -> bool:
         n_kinds.append(k)
         if k == LIVE_FRAME:
             a = starts[slot]
-            new += old[a:a + _HDR + _BODYLEN(old, a + 8)[0]]
+            new += old[a : a + _HDR + _BODYLEN(old, a + 8)[0]]
     ckpt.items = n_items
     ckpt.starts = n_starts
     ckpt.kinds = n_kinds
