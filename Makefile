@@ -35,9 +35,11 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check dcp tests tools
+	$(BIN)/ruff format --check dcp tests tools pyspark_dcp
 
 test: $(STAMP) tshark
 	$(BIN)/ruff check dcp tests tools
+	$(BIN)/ruff format --check dcp tests tools pyspark_dcp
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The layers with no network and no subprocess: the quick loop while editing the codec or the
