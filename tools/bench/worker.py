@@ -451,7 +451,11 @@ def redis_latency(p: dict[str, Any]) -> None:
 
 def ceiling_recv(p: dict[str, Any]) -> None:
     """Frame (and with ``decode``: unpack header + extras, slice key and value of) every
-    message of a blocking socket, 256 KiB reads; time from the first byte."""
+    message of a blocking socket, 256 KiB reads; time from the first byte.
+
+    Its layouts are spelled here on purpose, not taken from ``dcp.protocol.layout``: the
+    ceiling is what a bare receiver owing nothing to our code reaches, and this worker
+    also runs against older checkouts (``--code-root``) that have no layout module."""
     import socket
     import struct
 
