@@ -20,7 +20,7 @@ import json
 import struct
 from dataclasses import dataclass
 
-from .errors import LocalProtocolError, RemoteProtocolError
+from .errors import InvalidArguments, LocalProtocolError, RemoteProtocolError
 from .frames import Frame, encode_frame, encode_frame_infos, need_extras, parse_frame_infos
 from .item_codec import (
     buffer_ack,
@@ -310,6 +310,73 @@ def stream_end(vbucket: int, opaque: int, status: int) -> bytes:
 @_refuses_out_of_range
 def seqno_advanced(vbucket: int, opaque: int, seqno: int) -> bytes:
     return dcp_header(Opcode.DCP_SEQNO_ADVANCED, 0, 8, 0, vbucket, 8, opaque, 0) + U64.pack(seqno)
+
+
+@_refuses_out_of_range
+def dcp_set_vbucket_state(vbucket: int, opaque: int, state: int) -> bytes:
+    """DCP_SET_VBUCKET_STATE (0x5b), producer -> consumer inside a takeover stream:
+    1 byte of extras (the new state), no key, no value."""
+    return dcp_header(Opcode.DCP_SET_VBUCKET_STATE, 0, 1, 0, vbucket, 1, opaque, 0) + bytes(
+        (state,)
+    )
+
+
+def parse_dcp_set_vbucket_state(frame: Frame) -> int:
+    """The state (1..4) of a DCP_SET_VBUCKET_STATE frame.
+
+    Raises:
+        RemoteProtocolError: extras not 1 byte, a key or value, or an unknown state.
+    """
+    if len(frame.extras) != 1 or frame.key or frame.value:
+        raise RemoteProtocolError("DCP_SET_VBUCKET_STATE needs 1 byte of extras only")
+    state = frame.extras[0]
+    if not 1 <= state <= 4:
+        raise RemoteProtocolError(f"DCP_SET_VBUCKET_STATE: unknown state {state}")
+    return state
+
+
+def set_vbucket_state(vbucket: int, state: int, opaque: int = 0, options: object = None) -> bytes:
+    """SET_VBUCKET_STATE (0x3d): 1 byte of extras (the state); ``options``, when given,
+    is sent as the JSON value (datatype JSON), as ns_server sends its topology."""
+    value = json_value(options) if options is not None else b""
+    return request(
+        Opcode.SET_VBUCKET_STATE,
+        vbucket=vbucket,
+        extras=bytes((state,)),
+        value=value,
+        datatype=0x01 if value else 0,
+        opaque=opaque,
+    )
+
+
+def parse_set_vbucket_state(frame: Frame) -> tuple[int, dict]:
+    """(state, JSON options or {}) of a SET_VBUCKET_STATE request.
+
+    Raises:
+        InvalidArguments: extras not 1 byte, a key, an unknown state, a value that is not
+            a JSON object or not marked JSON (EINVAL, as kv_engine's validator).
+    """
+    if len(frame.extras) != 1 or frame.key:
+        raise InvalidArguments(Status.EINVAL, "SET_VBUCKET_STATE needs 1 byte of extras, no key")
+    state = frame.extras[0]
+    if not 1 <= state <= 4:
+        raise InvalidArguments(Status.EINVAL, f"unknown vbucket state {state}")
+    if not frame.value:
+        return state, {}
+    if not frame.datatype & 0x01:
+        raise InvalidArguments(Status.EINVAL, "SET_VBUCKET_STATE value must have datatype JSON")
+    try:
+        options = json.loads(bytes(frame.value))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArguments(Status.EINVAL, f"SET_VBUCKET_STATE value: {exc}") from exc
+    if not isinstance(options, dict):
+        raise InvalidArguments(Status.EINVAL, "SET_VBUCKET_STATE value must be a JSON object")
+    return state, options
+
+
+def get_vbucket_value(state: int) -> bytes:
+    """The GET_VBUCKET (0x3e) response value: the state as a big-endian u32."""
+    return U32.pack(state)
 
 
 @_refuses_out_of_range

@@ -31,6 +31,7 @@ __all__ = [
     "StreamOpened",
     "StreamRefused",
     "StreamRollback",
+    "VBucketStateSet",
 ]
 
 FailoverLog = tuple[tuple[int, int], ...]
@@ -256,6 +257,18 @@ class StreamRefused(_Event):
         self.vbucket = vbucket
         self.status = status
         self.value = value
+
+
+class VBucketStateSet(_Event):
+    """DCP_SET_VBUCKET_STATE inside a (takeover) stream: the producer hands the vbucket
+    over; the consumer applies ``state`` and answers with ``ClientSession.ack_state``."""
+
+    __slots__ = ("opaque", "state", "vbucket")
+
+    def __init__(self, opaque: int, vbucket: int, state: int) -> None:
+        self.opaque = opaque
+        self.vbucket = vbucket
+        self.state = state
 
 
 class Answer(_Event):

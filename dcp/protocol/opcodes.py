@@ -63,6 +63,8 @@ class Opcode(IntEnum):
     VERSION = 0x0B
     STAT = 0x10
     HELLO = 0x1F
+    SET_VBUCKET_STATE = 0x3D
+    GET_VBUCKET = 0x3E
     GET_ALL_VB_SEQNOS = 0x48
     DCP_OPEN = 0x50
     DCP_ADD_STREAM = 0x51

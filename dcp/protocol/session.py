@@ -53,6 +53,7 @@ from .events import (
     StreamOpened,
     StreamRefused,
     StreamRollback,
+    VBucketStateSet,
 )
 from .flow_control import FlowControl
 from .frames import DEFAULT_MAX_BODY_SIZE, Frame
@@ -171,6 +172,11 @@ class ClientSession:
         st = self.streams.pop(opaque, None)
         if st is not None and st.open:
             self._discard(st)
+
+    def ack_state(self, event: VBucketStateSet) -> bytes:
+        """The consumer's answer to a DCP_SET_VBUCKET_STATE once it applied the state:
+        the producer of a takeover waits for it before its next step."""
+        return codec.response(Opcode.DCP_SET_VBUCKET_STATE, opaque=event.opaque)
 
     def probe(self) -> bytes:
         """A plain NOOP to see whether the server is alive (any answer will do)."""
@@ -329,7 +335,13 @@ class ClientSession:
                 if seqno >= st.end:
                     out.append(self.complete_snapshot(st))
                 return held
-        # anything else (system events, set-vbucket-state): counted, acked, ignored
+        elif op == Opcode.DCP_SET_VBUCKET_STATE:
+            if st.open:
+                raise RemoteProtocolError(
+                    f"vb {st.vbucket}: DCP_SET_VBUCKET_STATE inside an open snapshot"
+                )
+            out.append(VBucketStateSet(st.opaque, st.vbucket, codec.parse_dcp_set_vbucket_state(f)))
+        # anything else (system events): counted, acked, ignored
         return 0
 
     def _response(self, f: Frame, out: list) -> None:
