@@ -8,8 +8,8 @@ Rules of this module:
   stream arrives as one ``Items`` event, so the per-item cost is the item itself.
 - Events name their stream by the opaque of its stream request and carry its vbucket.
   Events of the client side (``dcp.protocol.session.ClientSession``) are defined here,
-  and the one event of the server side (``server_session.ServerSession``) that is not a
-  client's request frame: ``Rejected``.
+  and the two events of the server side (``server_session.ServerSession``) that are not
+  a client's request frame: ``Rejected`` and ``StateAcked``.
 - No I/O, no trio.
 """
 
@@ -27,6 +27,7 @@ __all__ = [
     "Rejected",
     "SeqnoAdvanced",
     "SnapshotDone",
+    "StateAcked",
     "StreamEnded",
     "StreamOpened",
     "StreamRefused",
@@ -294,3 +295,14 @@ class Rejected(_Event):
         self.opaque = opaque
         self.opcode = opcode
         self.status = status
+
+
+class StateAcked(_Event):
+    """Server side: the client answered a DCP_SET_VBUCKET_STATE the server sent in a
+    takeover stream (the stream's ``opaque``) with SUCCESS: it has applied the state,
+    so the hand-over may go on (dcp/producer/takeover.py)."""
+
+    __slots__ = ("opaque",)
+
+    def __init__(self, opaque: int) -> None:
+        self.opaque = opaque

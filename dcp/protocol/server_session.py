@@ -15,13 +15,16 @@ Rules of this module:
     * flow control: ``flow`` (``buffer_log.BufferLog``), its window from the
       ``connection_buffer_size`` control key and its acks from DCP_BUFFER_ACK;
     * the client's responses to what the server sent: absorbed (noop answers, successes)
-      or reported as ``Rejected`` (an error answer to a DCP message).
+      or reported as ``Rejected`` (an error answer to a DCP message); a SUCCESS answer
+      to DCP_SET_VBUCKET_STATE is reported as ``StateAcked``, because a takeover
+      stream waits for it before it goes on.
 - Pull-driven, because the shell must be able to stop between any two requests (an
   output cap, a long answer to finish first): ``feed`` buffers bytes, ``next_event``
   returns one event or None ("need more data"). ``receive_data`` does both for shells
   that take every event at once.
 - Events: a client request comes out as its ``frames.Frame`` (what request handlers take:
-  no wrapper object per request); ``events.Rejected`` as above. Nothing else surfaces.
+  no wrapper object per request); ``events.Rejected`` and ``events.StateAcked`` as
+  above. Nothing else surfaces.
 - Pipelined ingest keeps its per-item cost: when the next buffered frame is a SET request
   (magic 0x80, opcode 0x01), ``set_run`` hands the shell the buffer and position before
   any ``Frame`` is built; the shell applies as many SETs in place as it can, checking
@@ -40,7 +43,7 @@ from __future__ import annotations
 from . import codec
 from .buffer_log import BufferLog
 from .errors import RemoteProtocolError
-from .events import Rejected
+from .events import Rejected, StateAcked
 from .frames import DEFAULT_MAX_BODY_SIZE, Frame
 from .layout import ALT_MAGIC, HEADER, HEADER_SIZE, KNOWN_MAGIC
 from .opcodes import Magic, Opcode, Status
@@ -53,8 +56,11 @@ _HDR = HEADER.unpack_from
 _ANSWERS = frozenset((int(Magic.RESPONSE), int(Magic.ALT_RESPONSE)))
 _NOOP = int(Opcode.DCP_NOOP)
 _SUCCESS = int(Status.SUCCESS)
+_SET_STATE = int(Opcode.DCP_SET_VBUCKET_STATE)
 #: DCP messages a client may refuse (kv_engine closes the connection when it does).
-_DCP_MESSAGES = range(int(Opcode.DCP_STREAM_END), int(Opcode.DCP_EXPIRATION) + 1)
+_DCP_MESSAGES = frozenset(
+    (*range(int(Opcode.DCP_STREAM_END), int(Opcode.DCP_EXPIRATION) + 1), _SET_STATE)
+)
 _BOOL = {"true": True, "false": False}
 
 #: DCP_CONTROL keys whose state the session owns (``ServerSession.control``).
@@ -174,8 +180,9 @@ class ServerSession:
         self._broken = why
         return RemoteProtocolError(why)
 
-    def next_event(self) -> Frame | Rejected | None:
-        """The next request (its ``Frame``) or ``Rejected``; None when more data is needed.
+    def next_event(self) -> Frame | Rejected | StateAcked | None:
+        """The next request (its ``Frame``), ``Rejected`` or ``StateAcked``; None when more
+        data is needed.
 
         Raises:
             RemoteProtocolError: bad magic, inconsistent lengths or an oversize body; the
@@ -247,14 +254,16 @@ class ServerSession:
             self._pos = pos
         return None
 
-    def _answer(self, f: Frame) -> Rejected | None:
+    def _answer(self, f: Frame) -> Rejected | StateAcked | None:
         op = f.opcode
         if op == _NOOP:
             if self.noop_pending and f.opaque == self.noop_opaque:
                 self.noop_pending = False
             return None
-        if f.vbucket != _SUCCESS and op in _DCP_MESSAGES:
-            return Rejected(f.opaque, op, f.vbucket)
+        if f.vbucket != _SUCCESS:
+            return Rejected(f.opaque, op, f.vbucket) if op in _DCP_MESSAGES else None
+        if op == _SET_STATE:
+            return StateAcked(f.opaque)
         return None
 
     # ------------------------------------------------------------------ DCP state

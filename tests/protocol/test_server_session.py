@@ -8,7 +8,7 @@ import pytest
 
 from dcp.protocol import codec
 from dcp.protocol.errors import RemoteProtocolError
-from dcp.protocol.events import Rejected
+from dcp.protocol.events import Rejected, StateAcked
 from dcp.protocol.frames import Frame, FrameReader
 from dcp.protocol.layout import ALT_HEADER, HEADER
 from dcp.protocol.opcodes import Opcode, Status
@@ -268,3 +268,18 @@ def test_an_error_answer_to_a_dcp_message_is_reported_and_others_are_absorbed():
         Rejected(9, Opcode.DCP_SNAPSHOT_MARKER, Status.EINVAL),
     ]
     assert s.frames_in == 5
+
+
+def test_answers_to_dcp_set_vbucket_state_surface_as_acked_or_rejected():
+    # A takeover stream waits for the consumer's SUCCESS to DCP_SET_VBUCKET_STATE, so that
+    # answer is an event (other successes are absorbed); an error answer is a refusal.
+    s = ServerSession()
+    data = (
+        codec.response(Opcode.DCP_SET_VBUCKET_STATE, opaque=21)
+        + codec.response(Opcode.DCP_MUTATION, opaque=21)
+        + codec.response(Opcode.DCP_SET_VBUCKET_STATE, Status.EINVAL, opaque=22)
+    )
+    assert s.receive_data(data) == [
+        StateAcked(21),
+        Rejected(22, Opcode.DCP_SET_VBUCKET_STATE, Status.EINVAL),
+    ]
