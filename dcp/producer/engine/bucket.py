@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ...protocol.errors import NotMyVbucket
-from ...protocol.opcodes import Status
+from ...protocol.opcodes import Status, VBucketState
 from .checkpoint import Cursor
 from .checkpoint_manager import CheckpointMemory
 from .compaction import Compactor
@@ -30,7 +30,7 @@ from .config import EngineConfig
 from .flusher import Flusher
 from .item import GetResult, MutationResult
 from .storage import LmdbStorage
-from .vbucket import StoreMode, VBucket
+from .vbucket import StoreMode, VBucket, build_key_index
 from .warmup import VBucketWarmup, Warmup, warm_up
 
 __all__ = ["Bucket"]
@@ -208,6 +208,36 @@ class Bucket:
     def is_persisted(self, vb: int, seqno: int) -> bool:
         """True once ``seqno`` of ``vb`` is durable in LMDB."""
         return self.vbucket(vb).persisted_seqno >= seqno
+
+    # ------------------------------------------------------------------ replica rollback
+
+    def rollback_target(self, vb: int, seqno: int) -> int:
+        """Where a rollback of ``vb`` to ``seqno`` can aim: not above what is persisted
+        (the unpersisted tail is simply dropped from memory). Event-loop thread."""
+        return min(seqno, self.vbucket(vb).persisted_seqno)
+
+    def rollback_disk(self, vb: int, seqno: int) -> tuple[int, dict[bytes, tuple], int]:
+        """The blocking half of a rollback (worker thread; the caller holds off the
+        flusher): roll the storage back (``LmdbStorage.rollback``) and rebuild the key
+        index from what stays. Returns (seqno reached, key index, max CAS) for
+        ``VBucket.reset_to``."""
+        vbucket = self.vbucket(vb)
+        rec = vbucket.state_record(seqno, seqno, seqno)
+        reached = self.storage.rollback(vb, seqno, rec)
+        index, max_cas = build_key_index(self.storage.scan_for_warmup(vb))
+        return reached, index, max_cas
+
+    def rollback(self, vb: int, seqno: int) -> int:
+        """A whole rollback in one blocking call (tests and tools; the server splits it,
+        see persistence.py). ``vb`` must not be active. Returns the seqno reached."""
+        vbucket = self.vbucket(vb)
+        if vbucket.state is VBucketState.ACTIVE:
+            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {vb} is active: no rollback")
+        if self.flusher.in_flight is not None:
+            raise RuntimeError("rollback while a flush batch is in flight")
+        reached, index, max_cas = self.rollback_disk(vb, self.rollback_target(vb, seqno))
+        vbucket.reset_to(reached, index, max_cas)
+        return reached
 
     # ------------------------------------------------------------------ listeners
 

@@ -264,6 +264,23 @@ class CheckpointList:
         self.memory.used -= refund
         return refund
 
+    def queue_snapshot(self, items: list[Item]) -> None:
+        """Queue a whole snapshot received from another node into a checkpoint of its
+        own: the open one is closed first if it holds anything and after the last item,
+        never in between (the size limits wait), so every reader sees the source's
+        snapshot boundaries and no boundary the source did not have."""
+        if self.open.items:
+            self._close_open()
+        limits = self._max_items, self._max_bytes
+        self._max_items = self._max_bytes = 1 << 62
+        try:
+            for item in items:
+                self.queue(item)
+        finally:
+            self._max_items, self._max_bytes = limits
+        if self.open.items:
+            self._close_open()
+
     def create_checkpoint(self) -> int:
         """Close the open checkpoint now (if it holds anything); returns the open id.
 

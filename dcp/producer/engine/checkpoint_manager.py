@@ -51,7 +51,7 @@ PeekMark = tuple["Checkpoint | None", int, int, int]
 class CheckpointManager:
     """Open + closed checkpoints of one vbucket and the named cursors reading them."""
 
-    __slots__ = ("_cursors", "_list", "persistence_cursor", "queue", "vbid")
+    __slots__ = ("_cursors", "_list", "persistence_cursor", "queue", "queue_snapshot", "vbid")
 
     def __init__(
         self,
@@ -76,6 +76,8 @@ class CheckpointManager:
         #: ``queue(item)``: append to the open checkpoint, superseding that key's older
         #: slot (the list's own method: the ingest hot path pays no extra call)
         self.queue = lst.queue
+        #: ``queue_snapshot(items)``: a replica's whole snapshot in a checkpoint of its own
+        self.queue_snapshot = lst.queue_snapshot
         self._cursors: dict[str, Cursor] = {}
         self.persistence_cursor = self._place(PERSISTENCE_CURSOR, lst.open, 0, start_seqno - 1)
 

@@ -19,7 +19,14 @@ from __future__ import annotations
 from ...protocol.errors import StatusError, TemporaryFailure
 from ...protocol.opcodes import Status
 
-__all__ = ["ChecksumError", "DataDirError", "DiskFullError", "StorageError", "StorageFullError"]
+__all__ = [
+    "ChecksumError",
+    "DataDirError",
+    "DiskFullError",
+    "ReplicationError",
+    "StorageError",
+    "StorageFullError",
+]
 
 
 class StorageError(TemporaryFailure):
@@ -63,3 +70,9 @@ class ChecksumError(_PermanentStorageError):
 class DataDirError(_PermanentStorageError):
     """The data directory cannot be opened safely (damaged, truncated or missing files).
     ``detail`` is a one-line explanation naming the file and the remedy."""
+
+
+class ReplicationError(ValueError):
+    """A snapshot from the source node cannot be applied as it is (out of order, for
+    another vbucket, not above what the replica holds...): nothing of it was applied.
+    The replication stream that sent it is closed and requested again."""

@@ -46,6 +46,7 @@ from .disk_index import DiskIndex
 from .errors import DiskFullError, StorageError, StorageFullError
 from .item import Item
 from .lmdb_compaction import CompactionPlan, CompactionResult, compact_vbucket
+from .lmdb_rollback import rollback_vbucket
 from .records import (
     FORMAT_VERSION,
     ITEM_RECORD,
@@ -344,6 +345,37 @@ class LmdbStorage:
                 disk.compacted(vc)  # committed: the bookkeeping follows the disk
                 out.append(vc)
         return CompactionResult(out)
+
+    def rollback(self, vb: int, seqno: int, state: VBStateRecord) -> int:
+        """Roll ``vb`` back to ``seqno`` on disk (blocking; worker thread), or reset it
+        to empty when that cannot be exact (lmdb_rollback.py). ``state`` is the state
+        record to store (its seqnos and failover log are adjusted to the point reached);
+        the disk key index is rebuilt. Returns the seqno reached (``seqno`` or 0).
+
+        Raises:
+            StorageFullError, DiskFullError, StorageError: nothing was changed.
+        """
+        disk = self._disk
+        with self._write_lock:
+            try:
+                with self.env.begin(write=True) as txn:
+                    reached = rollback_vbucket(
+                        txn, vb, self._item_dbs[vb], seqno, disk.purge_seqno[vb]
+                    )
+                    rec = state.copy()
+                    rec.high_seqno = rec.snap_start = rec.snap_end = reached
+                    if reached == 0:
+                        rec.purge_seqno = rec.history_start = 0
+                    # as FailoverTable.prune_above: entries above the point go
+                    rec.failover = [e for e in rec.failover if e[1] <= reached] or [
+                        rec.failover[-1]
+                    ]
+                    txn.put(VB_KEY.pack(vb), rec.encode(), db=self.state_db)
+            except lmdb.Error as exc:
+                raise _wrap(exc, f"rollback of vb {vb} aborted") from exc
+            if reached == 0:
+                disk.purge_seqno[vb] = disk.history_start[vb] = 0
+        return reached
 
     @property
     def map_size(self) -> int:

@@ -1,7 +1,12 @@
 """One vbucket: state, seqnos, failover log, per-key metadata and the KV operations.
 
 Rules of this module:
-- Only an ACTIVE vbucket accepts front-end reads and writes (else ``NotMyVbucket``).
+- Only an ACTIVE vbucket accepts front-end reads and writes: a PENDING one answers
+  ``TemporaryFailure`` (ETMPFAIL: it is being handed over, retry), a REPLICA or DEAD one
+  ``NotMyVbucket``. A replica changes only through ``apply_snapshot`` (whole snapshots
+  from its source, with the source's seqnos, CAS and metadata) and ``reset_to`` (after
+  a rollback); becoming ACTIVE (not by takeover) adds a failover entry at its high
+  seqno, which is the end of its last whole snapshot.
   Every accepted write takes the next seqno, a new HLC CAS (nanoseconds from the
   injected clock, strictly increasing per vbucket) and is queued in the checkpoints.
 - The in-memory key index maps key -> a tuple (seqno, rev seqno, CAS, flags, expiry,
@@ -22,12 +27,20 @@ import heapq
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from ...protocol.errors import InvalidArguments, KeyExists, KeyNotFound, NotMyVbucket, TooBig
+from ...protocol.errors import (
+    InvalidArguments,
+    KeyExists,
+    KeyNotFound,
+    NotMyVbucket,
+    TemporaryFailure,
+    TooBig,
+)
 from ...protocol.opcodes import Status, VBucketState
 from .checkpoint_manager import CheckpointManager, CheckpointMemory
 from .failover import FailoverTable
 from .item import GetResult, Item, ItemOp, MutationResult
 from .records import VBStateRecord
+from .replica import check_snapshot
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -37,6 +50,8 @@ if TYPE_CHECKING:
 __all__ = ["StoreMode", "VBucket", "build_key_index"]
 
 _ACTIVE = VBucketState.ACTIVE
+_PENDING = VBucketState.PENDING
+_REPLICA = VBucketState.REPLICA
 _MUTATION = int(ItemOp.MUTATION)
 _DELETION = int(ItemOp.DELETION)
 _EXPIRATION = int(ItemOp.EXPIRATION)
@@ -62,6 +77,7 @@ class VBucket:
         "_max_cas",
         "_max_key",
         "_max_value",
+        "_memory",
         "_notify",
         "_storage",
         "_uuid_source",
@@ -117,6 +133,7 @@ class VBucket:
             max_bytes=config.checkpoint_max_bytes,
         )
         self._config = config
+        self._memory = memory
         self._max_key = config.max_key_size
         self._max_value = config.max_value_size
         self._storage = storage
@@ -158,15 +175,31 @@ class VBucket:
 
     # ------------------------------------------------------------------ state
 
-    def set_state(self, state: VBucketState, *, takeover: bool = False) -> None:
-        """Change state; becoming ACTIVE (not by takeover) starts a new history branch."""
+    def set_state(self, state: VBucketState, *, takeover: bool = False) -> bool:
+        """Change state; returns False when it already was ``state`` (nothing happens).
+
+        Becoming ACTIVE starts a new history branch at the high seqno (a replica holds
+        whole snapshots only, so that is its last complete snapshot's end), except by
+        takeover: the source handed over its own history. Every real change closes the
+        open checkpoint, so no snapshot spans two states.
+        """
         state = VBucketState(state)
         if state == self.state:
-            return
+            return False
         if state == _ACTIVE and not takeover:
             self.failover_log.create_entry(self.high_seqno, self._uuid_source)
+        self.checkpoints.create_checkpoint()
         self.state = state
         self._state_changed()
+        return True
+
+    def _refuse(self) -> None:
+        """Raise the error a front-end operation gets from a vbucket that is not active."""
+        if self.state is _PENDING:
+            raise TemporaryFailure(
+                Status.ETMPFAIL, f"vbucket {self.vbid} is pending (being handed over)"
+            )
+        raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is {self.state.name}")
 
     def _state_changed(self) -> None:
         self.state_version += 1
@@ -206,7 +239,7 @@ class VBucket:
         through the slow checks.
         """
         if self.state is not _ACTIVE:
-            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is {self.state.name}")
+            self._refuse()
         if type(key) is not bytes or not 0 < len(key) <= self._max_key:
             key = self._check_key(key)
         if type(value) is not bytes:
@@ -307,7 +340,7 @@ class VBucket:
     def delete(self, key: bytes, cas: int = 0) -> MutationResult:
         """Replace a live key with a tombstone (CAS-checked when ``cas`` != 0)."""
         if self.state is not _ACTIVE:
-            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is {self.state.name}")
+            self._refuse()
         key = self._check_key(key)
         now = self._clock()
         old = self._index.get(key)
@@ -352,7 +385,7 @@ class VBucket:
     def get(self, key: bytes) -> GetResult:
         """The live document for ``key``; ``KeyNotFound`` if absent, deleted or expired."""
         if self.state is not _ACTIVE:
-            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is {self.state.name}")
+            self._refuse()
         key = self._check_key(key)
         e = self._index.get(key)
         if e is None or e[6] or (e[4] and e[4] <= self._clock()):
@@ -367,6 +400,88 @@ class VBucket:
     def key_meta(self, key: bytes) -> tuple | None:
         """The raw index entry (seqno, rev, cas, flags, expiry, datatype, deleted)."""
         return self._index.get(key)
+
+    # ------------------------------------------------------------------ replica
+
+    def apply_snapshot(self, start: int, end: int, flags: int, items: list[Item]) -> None:
+        """Apply a whole snapshot received from the source node (replica or pending).
+
+        Items keep the source's seqno, CAS, revision, flags, expiry and delete time; they
+        go into a checkpoint of their own (``queue_snapshot``), so this vbucket's own
+        streams and its flusher see the source's boundaries. ``flags`` is the marker's
+        (kept for the caller's logs; boundaries are what matter here).
+
+        Raises:
+            NotMyVbucket: the vbucket is active or dead.
+            ReplicationError: the snapshot is malformed (replica.py); nothing changed.
+        """
+        if self.state is not _REPLICA and self.state is not _PENDING:
+            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is {self.state.name}")
+        check_snapshot(self.vbid, self.high_seqno, start, end, items)
+        if not items:
+            return
+        index = self._index
+        expiries = self._expiries
+        max_cas = self._max_cas
+        for it in items:
+            mutation = it.op == _MUTATION
+            index[it.key] = (
+                it.seqno,
+                it.rev_seqno,
+                it.cas,
+                it.flags,
+                it.expiry,
+                it.datatype,
+                0 if mutation else 1,
+            )
+            if mutation and it.expiry:
+                heapq.heappush(expiries, (it.expiry, it.seqno, it.key))
+            if it.cas > max_cas:
+                max_cas = it.cas
+        self._max_cas = max_cas
+        self.high_seqno = items[-1].seqno
+        self.checkpoints.queue_snapshot(items)
+        self._notify(self.vbid)
+
+    def adopt_failover_log(self, entries: list[tuple[int, int]]) -> None:
+        """Take the source's failover log (its stream accepted us): a replica's history is
+        its source's, so its own consumers get the same rollback decisions."""
+        if self.state is _ACTIVE:
+            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is active")
+        new = [(int(u), int(s)) for u, s in entries][: self.failover_log.max_entries]
+        if new and new != self.failover_log.entries:
+            self.failover_log.entries = new
+            self._state_changed()
+
+    def replication_position(self) -> tuple[int, int, int, int]:
+        """(start, snap_start, snap_end, vb_uuid) of this replica's stream request: its
+        high seqno is a whole snapshot's end, and uuid 0 at seqno 0 asks for everything."""
+        high = self.high_seqno
+        return high, high, high, self.failover_log.entries[0][0] if high else 0
+
+    def reset_to(self, seqno: int, index: dict[bytes, tuple], max_cas: int) -> None:
+        """The storage rolled this vbucket back to ``seqno`` (``LmdbStorage.rollback``):
+        memory follows. Checkpoints start afresh (streams of the old ones must be ended
+        by the caller), the key index is the one rebuilt from disk, failover entries
+        above ``seqno`` go."""
+        self._memory.used -= self.checkpoints.mem_usage
+        self.checkpoints = CheckpointManager(
+            self.vbid,
+            self._memory,
+            start_seqno=seqno + 1,
+            max_items=self._config.checkpoint_max_items,
+            max_bytes=self._config.checkpoint_max_bytes,
+        )
+        self.high_seqno = self.persisted_seqno = seqno
+        self.persisted_snap_start = self.persisted_snap_end = seqno
+        if seqno == 0:
+            self.purge_seqno = self.history_start = 0
+        self.failover_log.prune_above(seqno)
+        self._index = index
+        self._expiries = [(e[4], e[0], k) for k, e in index.items() if e[4] and not e[6]]
+        heapq.heapify(self._expiries)
+        self._max_cas = max(self._max_cas, max_cas)
+        self._state_changed()
 
     # ------------------------------------------------------------------ compaction
 
