@@ -11,7 +11,24 @@ import argparse
 
 from .output import CtlError
 
-__all__ = ["check_vbuckets", "vb_id", "vb_list"]
+__all__ = ["address", "check_vbuckets", "split_address", "vb_id", "vb_list"]
+
+
+def split_address(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)`` (``[v6]:port`` too); ``ValueError`` if not one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def address(text: str) -> str:
+    """A node address ``HOST:PORT`` as given (it is sent to servers as is)."""
+    try:
+        split_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def vb_list(text: str) -> list[int]:

@@ -2,7 +2,7 @@
 
 Rules of this module:
 - Argument parsing and the error boundary only; each command lives in its own module
-  (``live``, ``streams``, ``tail``, ``kv``, ``metrics``, ``inspect_cmds``) and composes
+  (``live``, ``streams``, ``tail``, ``kv``, ``vbstate``, ``metrics``, ``inspect_cmds``) and composes
   public APIs (the SDK, ``dcp.protocol``, the engine's record decoders). A command's
   module is imported only when it runs (``"module:function"``), so ``inspect`` never
   loads trio or the SDK and every command starts faster.
@@ -24,7 +24,7 @@ import sys
 import traceback
 from typing import Any
 
-from .args import vb_id, vb_list
+from .args import address, vb_id, vb_list
 from .output import CtlError, Output
 
 __all__ = ["main"]
@@ -154,6 +154,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "delete", "kv:cmd_delete", "delete a document")
     p.add_argument("key")
     p.add_argument("--durable", action="store_true", help="answer once persisted")
+    p = _command(
+        sub, "set-state", "vbstate:cmd_set_state", "set the state of vbuckets (SET_VBUCKET_STATE)"
+    )
+    p.add_argument("vbuckets", type=vb_list, metavar="VB[-VB]", help="3, 0-15 or 0,2,5-7")
+    p.add_argument("state", choices=["active", "replica", "pending", "dead"])
+    p.add_argument(
+        "--source", type=address, metavar="HOST:PORT", help="replica/pending: replicate from there"
+    )
+    p = _command(
+        sub, "promote", "vbstate:cmd_promote", "make vbuckets active (default: every replica)"
+    )
+    p.add_argument("vbuckets", type=vb_list, nargs="*", metavar="VB", help="3, 0-15 or 0,2,5-7")
+    p = _command(
+        sub,
+        "move",
+        "vbstate:cmd_move",
+        "move a vbucket's active copy from this node to another (takeover)",
+    )
+    p.add_argument("vbucket", type=vb_id)
+    p.add_argument("--to", required=True, type=address, metavar="HOST:PORT", help="the new node")
+    p.add_argument(
+        "--takeover-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long the new node may take to become active (default 60)",
+    )
     p = _command(sub, "metrics", "metrics:cmd_metrics", "the server's Prometheus metrics")
     p.add_argument(
         "--metrics-port",

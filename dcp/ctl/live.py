@@ -1,7 +1,8 @@
 """Live-server views built from STAT groups: vbuckets, failover-log, checkpoints, stats.
 
 Rules of this module:
-- Read-only: only STAT requests (``Remote.stats``), pipelined per command.
+- Read-only: only STAT requests (``Remote.stats``), pipelined per command; ``vbuckets``
+  also asks each replica's source for its high seqnos (``replicas.py``).
 - Each command turns the raw ``(key, value)`` pairs into plain rows first, then hands
   them to ``Output`` (table or JSON). Seqnos, uuids and sizes are ints in JSON.
 - Unknown vbuckets are reported before anything is printed.
@@ -18,6 +19,13 @@ from typing import Any
 from .args import check_vbuckets
 from .output import Output
 from .remote import Remote
+from .replicas import (
+    lag_cell,
+    replica_columns,
+    replication_fields,
+    source_high_cell,
+    source_high_seqnos,
+)
 
 __all__ = ["cmd_checkpoints", "cmd_failover_log", "cmd_stats", "cmd_vbuckets"]
 
@@ -66,18 +74,27 @@ _VB_COLUMNS = [
     "streams",
 ]
 _VB_NUMERIC = [*_VB_COLUMNS[2:], "vb"]
+_REPL_COLUMNS = ["source", "link", "src high", "lag"]
 
 
 async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
     async with Remote(args.host, args.port, args.timeout) as r:
-        states, seqnos, ckpts, streams = await r.stats(
-            "vbucket", "vbucket-seqno", "checkpoint", "dcp-streams"
+        states, seqnos, ckpts, streams, repl = await r.stats(
+            "vbucket",
+            "vbucket-seqno",
+            "checkpoint",
+            "dcp-streams",
+            "replication",
+            optional=("replication",),
         )
     state_of = {int(k[3:]): v for k, v in states if k.startswith("vb_")}
     vbs = check_vbuckets(args.vb, len(state_of))
     seq = by_vbucket(seqnos)
     ck = by_vbucket(ckpts)
     nstreams = streams_per_vbucket(streams)
+    rep = replication_fields(repl or [])
+    sources = {rep[vb]["source"] for vb in vbs if rep.get(vb, {}).get("source")}
+    highs = await source_high_seqnos(sources, args.timeout) if sources else {}
     rows: list[dict[str, Any]] = []
     for vb in vbs:
         if args.active and state_of[vb] != "active":
@@ -95,6 +112,7 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
                 "checkpoints": c.get("num_checkpoints"),
                 "checkpoint_memory": c.get("mem_usage"),
                 "open_streams": nstreams.get(vb, 0),
+                **replica_columns(rep.get(vb, {}), s.get("high_seqno"), highs, vb),
             }
         )
     totals: dict[str, Any] = {"vbuckets": len(rows)}
@@ -111,42 +129,55 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
     for row in rows:
         by_state[row["state"]] = by_state.get(row["state"], 0) + 1
     totals["states"] = by_state
+    replicated = [row for row in rows if row["source"]]
+    totals["replicated"] = len(replicated)
+    totals["lag"] = sum(row["lag"] or 0 for row in replicated)
     if out.json_mode:
         out.json({"vbuckets": rows, "totals": totals})
         return 0
     states_txt = ", ".join(f"{n} {s}" for s, n in sorted(by_state.items()))
+    columns = list(_VB_COLUMNS)
+    footer: list[Any] = [
+        "total",
+        states_txt,
+        "",
+        totals["high_seqno"],
+        totals["persisted_seqno"],
+        "",
+        totals["items_in_memory"],
+        totals["checkpoints"],
+        totals["checkpoint_memory"],
+        totals["open_streams"],
+    ]
+    if replicated:  # the replication columns only where there is replication
+        columns += _REPL_COLUMNS
+        footer += ["", "", "", totals["lag"]]
+    body = []
+    for row in rows:
+        cells = [
+            row["vbucket"],
+            row["state"],
+            row["vb_uuid"],
+            row["high_seqno"],
+            row["persisted_seqno"],
+            row["purge_seqno"],
+            row["items_in_memory"],
+            row["checkpoints"],
+            row["checkpoint_memory"],
+            row["open_streams"],
+        ]
+        if replicated:
+            cells += [row["source"], row["stream"], source_high_cell(row), lag_cell(row)]
+        body.append(cells)
     out.table(
         f"{len(rows)} vbuckets on {r.where}",
-        _VB_COLUMNS,
-        [
-            [
-                row["vbucket"],
-                row["state"],
-                row["vb_uuid"],
-                row["high_seqno"],
-                row["persisted_seqno"],
-                row["purge_seqno"],
-                row["items_in_memory"],
-                row["checkpoints"],
-                row["checkpoint_memory"],
-                row["open_streams"],
-            ]
-            for row in rows
-        ],
-        footer=[
-            "total",
-            states_txt,
-            "",
-            totals["high_seqno"],
-            totals["persisted_seqno"],
-            "",
-            totals["items_in_memory"],
-            totals["checkpoints"],
-            totals["checkpoint_memory"],
-            totals["open_streams"],
-        ],
-        numeric=_VB_NUMERIC,
+        columns,
+        body,
+        footer=footer,
+        numeric=[*_VB_NUMERIC, "src high", "lag"],
     )
+    if any(row["source"] and not row["source_reachable"] for row in rows):
+        out.line("* source unreachable: lag behind the last snapshot end it announced")
     return 0
 
 

@@ -8,7 +8,9 @@ Rules of this module:
   in one write and their answers matched by opaque; a STAT answer is the run of
   responses ending with an empty key (the session keeps matching until then).
 - Every failure is a ``CtlError`` with one line: unreachable server, timeout, connection
-  closed, or the status the server answered with its error context.
+  closed, or the status the server answered with its error context. The exceptions are
+  requests whose per-vbucket status the caller reports itself (``set_vbucket_states``)
+  and ``optional`` STAT groups (an older server lacks them: ``None``, not an error).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from typing import Any
 
 import trio
 
-from ..protocol import Frame, Opcode, RemoteProtocolError, Status, codec
+from ..protocol import Frame, Opcode, RemoteProtocolError, Status, VBucketState, codec
 from ..protocol.events import Answer
 from ..protocol.session import ClientSession
 from .output import CtlError
 
-__all__ = ["Remote", "error_context", "os_error_text"]
+__all__ = ["Remote", "error_context", "os_error_text", "status_name"]
 
 
 def error_context(value: bytes) -> str:
@@ -50,7 +52,7 @@ def os_error_text(exc: BaseException) -> str:
     return str(exc)
 
 
-def _status_name(status: int) -> str:
+def status_name(status: int) -> str:
     try:
         return Status(status).name
     except ValueError:
@@ -129,22 +131,27 @@ class Remote:
     def _check(f: Frame, what: str) -> None:
         if f.status != Status.SUCCESS:
             raise CtlError(
-                f"{what}: {error_context(bytes(f.value)) or _status_name(f.status)}"
-                f" ({_status_name(f.status)})"
+                f"{what}: {error_context(bytes(f.value)) or status_name(f.status)}"
+                f" ({status_name(f.status)})"
             )
 
     # ------------------------------------------------------------------ requests
 
-    async def stats(self, *groups: str) -> list[list[tuple[str, str]]]:
-        """The pairs of each STAT group, pipelined; raises on the first refused group."""
+    async def stats(self, *groups: str, optional: tuple[str, ...] = ()) -> list[Any]:
+        """The pairs of each STAT group, pipelined; raises on the first refused group,
+        except that a refused group named in ``optional`` gives ``None``."""
         reqs = [self._proto.request(Opcode.STAT, stat=True, key=g.encode()) for g in groups]
         got = await self._exchange(reqs, lambda f: not f.key or f.status != Status.SUCCESS)
-        out = []
+        out: list[Any] = []
         for (o, _), g in zip(reqs, groups, strict=True):
-            pairs = []
+            pairs: list[tuple[str, str]] | None = []
             for f in got[o]:
+                if g in optional and f.status != Status.SUCCESS:
+                    pairs = None
+                    break
                 self._check(f, f"STAT {g!r}" if g else "STAT")
                 if f.key:
+                    assert pairs is not None
                     pairs.append(
                         (
                             bytes(f.key).decode("utf-8", "replace"),
@@ -176,3 +183,36 @@ class Remote:
             return dict(codec.parse_all_vb_seqnos(bytes(f.value)))
         except RemoteProtocolError as exc:
             raise CtlError(f"GET_ALL_VB_SEQNOS: {exc}") from None
+
+    async def set_vbucket_states(
+        self, vbuckets: list[int], state: VBucketState, options: dict[str, Any] | None = None
+    ) -> dict[int, tuple[int, str]]:
+        """SET_VBUCKET_STATE for each vbucket, pipelined in one write: ``{vb: (status,
+        error context or "")}``. Statuses are returned, not raised: a range reports every
+        vbucket's result."""
+        reqs = []
+        for vb in vbuckets:
+            o = self._proto.expect(self._proto.next_opaque())
+            reqs.append((o, codec.set_vbucket_state(vb, int(state), opaque=o, options=options)))
+        got = await self._exchange(reqs, lambda f: True)
+        out = {}
+        for vb, (o, _) in zip(vbuckets, reqs, strict=True):
+            (f,) = got[o]
+            ctx = error_context(bytes(f.value)) if f.status != Status.SUCCESS else ""
+            out[vb] = (f.status, ctx)
+        return out
+
+    async def get_vbucket(self, vb: int) -> VBucketState:
+        """The state of ``vb`` (GET_VBUCKET: a big-endian u32 value)."""
+        o, req = self._proto.request(Opcode.GET_VBUCKET, vbucket=vb)
+        got = await self._exchange([(o, req)], lambda f: True)
+        (f,) = got[o]
+        self._check(f, f"GET_VBUCKET {vb}")
+        value = bytes(f.value)
+        code = int.from_bytes(value, "big") if len(value) == 4 else 0
+        if code not in VBucketState._value2member_map_:
+            raise CtlError(
+                f"{self.where} answered GET_VBUCKET {vb} with {value.hex() or 'nothing'}, "
+                "not a vbucket state"
+            )
+        return VBucketState(code)
