@@ -17,6 +17,9 @@ Rules of this module:
 - A stream ends with OK only after a snapshot reaching its end seqno is completely out:
   a memory snapshot when its last segment is written, a disk snapshot when the backfill
   says it is done (its items arrive in chunks while it is being sent).
+- A TAKEOVER stream (``takeover`` set) hands its vbucket over once caught up
+  (``is_caught_up``): ``fill`` asks its ``Takeover`` (takeover.py) for the next step
+  when nothing else is ready, and ``release`` tells it the stream is gone.
 - State changes go through ``_transition`` and only along this table::
 
       PENDING ──► BACKFILLING ──► IN_MEMORY ──► DEAD
@@ -150,6 +153,8 @@ class ActiveStream:
         self.announced = False  # its stream-request OK has been written
         #: its connection, recorded by ``StreamRegistry.add`` (told when it is ready)
         self.conn: Any = None
+        #: the hand-over of a TAKEOVER stream (takeover.py), else None
+        self.takeover: Any = None
 
     @property
     def items_sent(self) -> int:
@@ -199,8 +204,29 @@ class ActiveStream:
             self._queue.clear()
             self._writer.cur = None
 
+    def is_caught_up(self) -> bool:
+        """Everything the vbucket holds is out: in memory, nothing queued or half
+        written, the last seqno sent at the vbucket's high seqno."""
+        cursor = self.cursor
+        return (
+            self.state is StreamState.IN_MEMORY
+            and cursor is not None
+            and not cursor.dropped
+            and not self._queue
+            and self._writer.cur is None
+            and not self.backfill_bytes
+            and self.last_sent_seqno >= self.vbucket.high_seqno
+        )
+
     def release(self) -> None:
         """Drop the cursor (stream closed or connection gone). Idempotent."""
+        if self.takeover is not None:
+            conn, end = self.conn, self.end_status
+            if conn is not None and conn.closed:
+                why = f"connection closed: {conn.close_reason or 'by the client'}"
+            else:
+                why = f"stream ended {end.name}" if end is not None else "stream closed"
+            self.takeover.released(why)
         if self.cursor is not None:
             try:
                 self.vbucket.checkpoints.remove_cursor(self.cursor)
@@ -289,6 +315,8 @@ class ActiveStream:
                     self.release()
                 return False
             if not self._queue and not self._refill():
+                if self.takeover is not None and self.takeover.step(buf, buffer_log):
+                    continue  # a hand-over step: look again
                 return False
             entry = self._queue.popleft()
             if entry.__class__ is _Marker:
@@ -435,4 +463,5 @@ class ActiveStream:
             "cursor_drops": self.cursor_drops,
             "cursor_dropped": bool(cursor is not None and cursor.dropped),
             "backfill_buffered_bytes": self.backfill_bytes,
+            **(self.takeover.statistics() if self.takeover is not None else {}),
         }

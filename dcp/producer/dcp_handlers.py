@@ -10,6 +10,10 @@ Rules of this module:
   module only turns it into a response and an ``ActiveStream``. The stream's cursor is
   registered before the OK response is queued (so memory it needs is pinned), but it
   writes nothing until that response has left (``Connection.announce_stream``).
+- A TAKEOVER stream (flag 0x01) needs an active vbucket (else NOT_MY_VBUCKET) and gets a
+  ``Takeover`` (takeover.py) that hands the vbucket over once the stream is caught up;
+  the consumer's SUCCESS to its DCP_SET_VBUCKET_STATE (``StateAcked``) is routed to it by
+  the stream's opaque. A refusal of any DCP message closes the connection.
 """
 
 from __future__ import annotations
@@ -21,12 +25,20 @@ from typing import TYPE_CHECKING
 
 from ..protocol import codec
 from ..protocol.errors import RemoteProtocolError
-from ..protocol.events import Rejected
+from ..protocol.events import Rejected, StateAcked
 from ..protocol.frames import Frame
-from ..protocol.opcodes import DcpOpenFlag, Opcode, Status, StreamEndStatus
+from ..protocol.opcodes import (
+    DcpOpenFlag,
+    Opcode,
+    Status,
+    StreamEndStatus,
+    StreamRequestFlag,
+    VBucketState,
+)
 from ..protocol.server_session import SESSION_CONTROLS
 from .active_stream import ActiveStream, StreamOptions
 from .engine import DecisionKind, decide_stream_request
+from .takeover import Takeover
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -161,6 +173,15 @@ def stream_req(conn: Connection, f: Frame) -> None:
         conn.error(f.opcode, Status.KEY_EEXISTS, f.opaque, f"a stream for vb {vbid} is open")
         return
     vb = bucket.vbucket(vbid)
+    takeover = bool(req.flags & StreamRequestFlag.TAKEOVER)
+    if takeover and vb.state is not VBucketState.ACTIVE:
+        conn.error(
+            f.opcode,
+            Status.NOT_MY_VBUCKET,
+            f.opaque,
+            f"takeover of vb {vbid}: it is {vb.state.name}, not active",
+        )
+        return
     decision = decide_stream_request(
         failover_log=list(vb.failover_log.entries),
         high_seqno=vb.high_seqno,
@@ -219,6 +240,8 @@ def stream_req(conn: Connection, f: Frame) -> None:
         history=conn.change_streams,
         on_backfill=server.backfills.start,
     )
+    if takeover:
+        stream.takeover = Takeover(stream, server.stream_registry)
     conn.respond(
         codec.response(
             Opcode.DCP_STREAM_REQ,
@@ -229,12 +252,13 @@ def stream_req(conn: Connection, f: Frame) -> None:
     conn.streams[vbid] = stream
     server.stream_registry.add(conn, stream)
     log.info(
-        "stream request name=%s vb=%d start=%d end=%d uuid=%d -> accepted",
+        "stream request name=%s vb=%d start=%d end=%d uuid=%d flags=0x%x -> accepted",
         conn.dcp_name,
         vbid,
         decision.start,
         decision.end,
         decision.vb_uuid,
+        req.flags,
     )
     stream.activate()
     if decision.end < vb.high_seqno or (decision.end == vb.high_seqno and decision.end):
@@ -281,9 +305,25 @@ def buffer_ack(conn: Connection, f: Frame) -> None:
     conn.wake()
 
 
-def handle_response(conn: Connection, r: Rejected) -> None:
-    """The client refused a DCP message we sent (the session reports it): kv_engine
-    closes such a connection, and so do we."""
+def handle_response(conn: Connection, r: Rejected | StateAcked) -> None:
+    """The client answered a DCP message the session reports. A refusal (``Rejected``):
+    kv_engine closes such a connection, and so do we (a takeover under way is undone by
+    its stream's release, takeover.py). A SUCCESS to a takeover's state message
+    (``StateAcked``) goes to the takeover stream with that opaque."""
+    if isinstance(r, StateAcked):
+        for stream in conn.streams.values():
+            if stream.opaque == r.opaque and stream.takeover is not None:
+                if stream.takeover.acked():
+                    return
+                break
+        log.warning(
+            "client id=%d name=%s acknowledged a vbucket state with opaque %d that no "
+            "takeover stream waits for; ignored",
+            conn.id,
+            conn.dcp_name,
+            r.opaque,
+        )
+        return
     log.warning(
         "client id=%d name=%s answered opcode 0x%02x with status 0x%02x; closing",
         conn.id,

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..protocol.errors import RemoteProtocolError
-from ..protocol.events import Rejected
+from ..protocol.events import Rejected, StateAcked
 from ..protocol.layout import HEADER_SIZE
 from ..protocol.opcodes import Status
 
@@ -115,7 +115,7 @@ async def read_requests(conn: Connection) -> None:
                 if out:  # answers stay in request order
                     conn.respond(bytes(out))
                     out = bytearray()
-                if isinstance(ev, Rejected):
+                if isinstance(ev, (Rejected, StateAcked)):
                     refused(conn, ev)
                     if conn.closed:  # kv_engine closes on a refusal: no later request
                         return

@@ -7,8 +7,9 @@ Rules of this module:
   batch of requests (the connection's reader calls it after each received chunk) and
   tells persistence that items are queued.
 - A stream is added when its stream request is accepted (``add`` also records its
-  connection on it: ``stream.conn``) and removed when it ends or its connection closes;
-  the registry never ends streams itself.
+  connection on it: ``stream.conn``) and removed when it ends or its connection closes.
+  The registry ends streams only when told to: ``end_streams`` after a real state change
+  of their vbucket (STREAM_END StateChanged), whoever made it.
 - ``run_housekeeping`` (the server's background nursery, until cancelled) wakes streams
   whose cursors the bucket dropped and frees retained checkpoints whose time is up.
 - Synchronous but for the housekeeping loop; no sockets.
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from ..protocol.opcodes import StreamEndStatus
 from .engine import Bucket
 
 if TYPE_CHECKING:
@@ -55,6 +57,27 @@ class StreamRegistry:
     def of(self, vbid: int) -> list[ActiveStream]:
         """The streams of vbucket ``vbid``."""
         return list(self._by_vb.get(vbid, ()))
+
+    def end_streams(
+        self, vbid: int, reason: StreamEndStatus, keep: ActiveStream | None = None
+    ) -> int:
+        """End every live stream of vbucket ``vbid`` but ``keep`` with STREAM_END
+        ``reason``: the end is the next frame each sends (whatever it had queued is
+        dropped), and its connection's writer is woken to send it. Returns how many.
+
+        Called after every real state change of the vbucket (kv_engine ends its producer
+        streams with StateChanged then): a client must not go on reading a copy that
+        stopped being the one it asked for. ``keep`` is a takeover stream changing its
+        own vbucket's state (takeover.py)."""
+        n = 0
+        for stream in list(self._by_vb.get(vbid, ())):
+            if stream is keep or stream.is_dead or stream.end_status is not None:
+                continue
+            stream.set_end(reason)
+            if stream.conn is not None:
+                stream.conn.mark_ready(stream)
+            n += 1
+        return n
 
     def all(self) -> list[ActiveStream]:
         return [s for ss in self._by_vb.values() for s in ss]
