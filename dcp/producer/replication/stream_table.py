@@ -1,0 +1,390 @@
+"""The streams of one replication connection: what is asked of the source for each
+vbucket, and what its answers and items do to the ``ReplicaTarget``.
+
+Rules of this module:
+- ``StreamTable`` holds one ``ReplicaStream`` (``replica_stream.py``) per wanted vbucket
+  and handles the session's events for them; ``source.py`` owns the connection and sets
+  ``link``/``nursery`` while connected (None otherwise). Every handler is synchronous
+  but the rollback, which runs as a task of the connection's nursery.
+- Items are built as engine ``Item``s directly by the session's decoder (``make_session``)
+  and buffered per vbucket; each WHOLE snapshot is applied with one
+  ``target.apply_snapshot`` when the session completes it, then its bytes are reported
+  ``handed`` so flow-control acks flow. A snapshot cut short is never applied.
+- Bad input on one stream (the checks of ``replica_stream.py``, a snapshot or failover
+  log the target refuses, a state message outside a takeover) closes THAT stream
+  (CLOSE_STREAM, then ``forget`` so its late frames are ignored), logs one error line
+  and re-requests it after backoff. Other streams carry on.
+- Stream answers: ROLLBACK -> ``target.rollback`` (shielded from cancellation: a
+  half-done rollback must finish) then re-request (at once the first time, with backoff
+  when it repeats); refused -> retry with backoff, logged once per change of status;
+  STREAM_END -> re-request after backoff, except the end of a finished takeover.
+- Takeover: a DCP_SET_VBUCKET_STATE (pending, then active) of a takeover stream is
+  applied with ``target.set_state(..., takeover=True)``, then acked; after ACTIVE the
+  vbucket is finishing (``on_state`` tells the manager, which stops asking for it) and
+  leaves the table at its STREAM_END (or when the connection goes).
+- Retries are due times in a heap (``due``) that the connection's opener task serves;
+  an entry whose generation is stale (``ReplicaStream.gen``) is skipped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Callable
+
+import trio
+
+from ...protocol import events as ev
+from ...protocol.errors import StatusError
+from ...protocol.opcodes import SEQNO_MAX, Status, StreamEndStatus, StreamRequestFlag, VBucketState
+from ...protocol.session import ClientSession
+from ..engine.item import Item, ItemOp
+from .link import Link, SourceSettings
+from .replica_stream import BACKOFF, STREAMING, TAKEOVER, BadInput, ReplicaStream
+from .target import ReplicaTarget
+
+__all__ = ["StreamTable", "make_session"]
+
+log = logging.getLogger("dcp.replication")
+
+_MUT, _DEL, _EXP = int(ItemOp.MUTATION), int(ItemOp.DELETION), int(ItemOp.EXPIRATION)
+_TAKEOVER = int(StreamRequestFlag.TAKEOVER)
+
+
+def _b(x: bytes | bytearray | memoryview) -> bytes:
+    return x if type(x) is bytes else bytes(x)
+
+
+def _mutation(
+    vb: int,
+    seqno: int,
+    rev: int,
+    cas: int,
+    flags: int,
+    expiry: int,
+    _lock: int,
+    datatype: int,
+    key: bytes,
+    value: bytes,
+) -> Item:
+    return Item(vb, seqno, rev, cas, flags, expiry, datatype, _b(key), _b(value), _MUT, 0, b"")
+
+
+def _deletion(
+    vb: int,
+    seqno: int,
+    rev: int,
+    cas: int,
+    datatype: int,
+    key: bytes,
+    value: bytes,
+    dtime: int | None,
+) -> Item:
+    return Item(vb, seqno, rev, cas, 0, 0, datatype, _b(key), _b(value), _DEL, dtime or 0, b"")
+
+
+def _expiration(vb: int, seqno: int, rev: int, cas: int, key: bytes, dtime: int) -> Item:
+    return Item(vb, seqno, rev, cas, 0, 0, 0, _b(key), b"", _EXP, dtime, b"")
+
+
+def make_session(window: int) -> ClientSession:
+    """A session whose decoder builds engine ``Item``s (no conversion afterwards)."""
+    return ClientSession(
+        window=window, mutation=_mutation, deletion=_deletion, expiration=_expiration
+    )
+
+
+class StreamTable:
+    """See the module rules. ``on_state(vb, state)``: a takeover stream changed the
+    vbucket's state here; ``on_idle()``: nothing is left to stream or finish."""
+
+    def __init__(
+        self,
+        name: str,
+        target: ReplicaTarget,
+        settings: SourceSettings,
+        *,
+        on_state: Callable[[int, VBucketState], None],
+        on_idle: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self.target = target
+        self.settings = settings
+        self.on_state = on_state
+        self.on_idle = on_idle
+        self.streams: dict[int, ReplicaStream] = {}  # wanted vbuckets
+        self.by_opaque: dict[int, ReplicaStream] = {}  # streams requested on this link
+        self.due: list[tuple[float, int, int]] = []  # (time, vb, gen) of retries
+        self.due_wake = trio.Event()
+        self.link: Link | None = None
+        self.nursery: trio.Nursery | None = None
+        self.counters = dict.fromkeys(
+            ("bytes_received", "items_applied", "snapshots_applied", "rollbacks", "reconnects"),
+            0,
+        )
+        self.handlers: dict[type, Callable] = {
+            ev.Items: self._items,
+            ev.Marker: self._marker,
+            ev.SnapshotDone: self._snapshot_done,
+            ev.SeqnoAdvanced: self._advanced,
+            ev.StreamOpened: self._opened,
+            ev.StreamEnded: self._ended,
+            ev.StreamRollback: self._rolled_back,
+            ev.StreamRefused: self._refused,
+            ev.VBucketStateSet: self._state_set,
+            ev.Answer: _ignore,  # CLOSE_STREAM answers, probe answers
+        }
+
+    # ------------------------------------------------------------------ wanted vbuckets
+
+    def want(self, vb: int, takeover: bool) -> None:
+        """Stream ``vb`` (with the TAKEOVER flag if ``takeover``)."""
+        st = self.streams.get(vb)
+        if st is not None and st.takeover == takeover:
+            return
+        if st is not None:
+            self._close(st)
+        st = self.streams[vb] = ReplicaStream(vb, takeover)
+        if self.link is not None:
+            self.request(st)
+
+    def drop(self, vb: int) -> None:
+        """Stop streaming ``vb`` (CLOSE_STREAM if a stream is open)."""
+        st = self.streams.pop(vb, None)
+        if st is not None:
+            self._close(st)
+            st.stopped()
+
+    def idle(self) -> bool:
+        return not self.streams
+
+    def connected(self, link: Link, nursery: trio.Nursery) -> None:
+        """A new link: request every wanted stream from its position."""
+        self.link = link
+        self.nursery = nursery
+        for st in list(self.streams.values()):
+            self.request(st)
+
+    def disconnected(self) -> None:
+        """The link is gone: every stream stops, partial snapshots are dropped."""
+        self.link = None
+        self.nursery = None
+        self.by_opaque.clear()
+        self.due.clear()
+        for vb, st in list(self.streams.items()):
+            if st.finishing:  # the takeover is done; its STREAM_END was lost with the link
+                del self.streams[vb]
+            st.stopped()
+
+    def serve_due(self, now: float) -> float | None:
+        """Request the streams whose retry is due; the next due time (None: none)."""
+        due = self.due
+        while due and due[0][0] <= now:
+            _, vb, gen = heapq.heappop(due)
+            st = self.streams.get(vb)
+            if st is not None and st.gen == gen and st.state == BACKOFF:
+                self.request(st)
+        return due[0][0] if due else None
+
+    # ------------------------------------------------------------------ streams
+
+    def request(self, st: ReplicaStream) -> None:
+        link = self.link
+        assert link is not None
+        try:
+            start, snap_start, snap_end, uuid = self.target.position(st.vb)
+        except (ValueError, StatusError) as exc:
+            self._retry(st, f"no position: {exc}")
+            return
+        opaque, data = link.session.stream_request(
+            st.vb,
+            start=start,
+            end=SEQNO_MAX,
+            vb_uuid=uuid,
+            snap_start=snap_start,
+            snap_end=snap_end,
+            flags=_TAKEOVER if st.takeover else 0,
+        )
+        st.requested(opaque, start)
+        self.by_opaque[opaque] = st
+        link.send(data)
+
+    def _retry(self, st: ReplicaStream, why: str | None = None, delay: float | None = None) -> None:
+        """The stream is over; ask again after backoff (or ``delay``)."""
+        if st.opaque is not None:
+            self.by_opaque.pop(st.opaque, None)
+        st.stopped()
+        st.attempts += 1
+        cfg = self.settings
+        if delay is None:
+            delay = st.delay(cfg.backoff_initial, cfg.backoff_max)
+        if why is not None:
+            log.info("replication %s vb %d: %s; again in %.2fs", self.name, st.vb, why, delay)
+        heapq.heappush(self.due, (trio.current_time() + delay, st.vb, st.gen))
+        self.due_wake.set()
+
+    def _close(self, st: ReplicaStream) -> None:
+        """CLOSE_STREAM and forget it (its late frames then only count for flow control)."""
+        link = self.link
+        if st.opaque is not None and link is not None:
+            self.by_opaque.pop(st.opaque, None)
+            if st.state != BACKOFF:
+                link.send(link.session.close_stream(st.vb)[1])
+            link.session.forget(st.opaque)
+
+    def _bad(self, st: ReplicaStream, why: str) -> None:
+        log.error(
+            "replication %s vb %d: bad input from the source: %s; stream closed",
+            self.name,
+            st.vb,
+            why,
+        )
+        self._close(st)
+        st.bad += 1
+        self._retry(st)
+
+    def _live(self, opaque: int) -> ReplicaStream | None:
+        return self.by_opaque.get(opaque)
+
+    # ------------------------------------------------------------------ session events
+
+    def _opened(self, e: ev.StreamOpened) -> None:
+        st = self._live(e.opaque)
+        if st is None:
+            return
+        st.state = TAKEOVER if st.takeover else STREAMING
+        st.attempts = 0
+        st.refused = None
+        try:
+            self.target.adopt_failover_log(st.vb, [(u, s) for u, s in e.failover_log])
+        except (ValueError, StatusError) as exc:
+            self._bad(st, f"failover log not adopted: {exc}")
+
+    def _marker(self, e: ev.Marker) -> None:
+        st = self._live(e.opaque)
+        if st is not None:
+            try:
+                st.marker(e.start, e.end, e.flags)
+            except BadInput as exc:
+                self._bad(st, str(exc))
+
+    def _items(self, e: ev.Items) -> None:
+        st = self._live(e.opaque)
+        if st is not None:
+            try:
+                st.add(e.items)
+            except BadInput as exc:
+                self._bad(st, str(exc))
+
+    def _advanced(self, e: ev.SeqnoAdvanced) -> None:
+        st = self._live(e.opaque)
+        if st is not None:
+            st.advanced(e.seqno)
+
+    def _snapshot_done(self, e: ev.SnapshotDone) -> None:
+        link = self.link
+        assert link is not None
+        st = self._live(e.opaque)
+        if st is not None:
+            try:
+                start, end, flags, items = st.take()
+                self.target.apply_snapshot(st.vb, start, end, flags, items)
+            except (BadInput, ValueError, StatusError) as exc:
+                self._bad(st, f"snapshot not applied: {exc}")
+            else:
+                st.applied(end)
+                self.counters["items_applied"] += len(items)
+                self.counters["snapshots_applied"] += 1
+        link.send(link.session.handed(e.nbytes))  # applied or dropped, its bytes are done
+
+    def _ended(self, e: ev.StreamEnded) -> None:
+        st = self.by_opaque.pop(e.opaque, None)
+        if st is None:
+            return
+        if st.finishing:
+            if self.streams.get(st.vb) is st:
+                del self.streams[st.vb]
+            st.stopped()
+            if self.idle():
+                self.on_idle()
+            return
+        name = _name(StreamEndStatus, e.reason)
+        self._retry(st, f"stream ended ({name})")
+
+    def _rolled_back(self, e: ev.StreamRollback) -> None:
+        st = self.by_opaque.pop(e.opaque, None)
+        if st is None or self.nursery is None:
+            return
+        self.counters["rollbacks"] += 1
+        st.stopped()
+        self.nursery.start_soon(self._rollback, st, e.seqno, st.gen)
+
+    async def _rollback(self, st: ReplicaStream, seqno: int, gen: int) -> None:
+        with trio.CancelScope(shield=True):
+            try:
+                got = await self.target.rollback(st.vb, seqno)
+            except (ValueError, StatusError) as exc:
+                log.error(
+                    "replication %s vb %d: rollback to %d failed: %s", self.name, st.vb, seqno, exc
+                )
+                got = None
+        if st.gen != gen or self.streams.get(st.vb) is not st:
+            return  # dropped or re-requested meanwhile
+        if got is None:
+            self._retry(st)
+            return
+        log.info(
+            "replication %s vb %d: the source asked for a rollback to %d; rolled back to %d",
+            self.name,
+            st.vb,
+            seqno,
+            got,
+        )
+        # the first rollback is followed at once; repeated ones back off
+        self._retry(st, delay=0.0 if st.attempts == 0 else None)
+
+    def _refused(self, e: ev.StreamRefused) -> None:
+        st = self.by_opaque.pop(e.opaque, None)
+        if st is None:
+            return
+        if e.status != st.refused:
+            log.warning(
+                "replication %s vb %d: stream request refused: %s (retrying)",
+                self.name,
+                st.vb,
+                _name(Status, e.status),
+            )
+            st.refused = e.status
+        self._retry(st)
+
+    def _state_set(self, e: ev.VBucketStateSet) -> None:
+        link = self.link
+        assert link is not None
+        st = self._live(e.opaque)
+        if st is None:
+            return
+        if not st.takeover:
+            return self._bad(st, f"DCP_SET_VBUCKET_STATE {e.state} on a stream that is no takeover")
+        if e.state not in (VBucketState.PENDING, VBucketState.ACTIVE):
+            return self._bad(st, f"DCP_SET_VBUCKET_STATE to state {e.state} in a takeover")
+        state = VBucketState(e.state)
+        try:
+            self.target.set_state(st.vb, state, takeover=True)
+        except (ValueError, StatusError) as exc:
+            return self._bad(st, f"state {state.name.lower()} not applied: {exc}")
+        link.send(link.session.ack_state(e))
+        if state == VBucketState.ACTIVE:
+            st.finishing = True
+            log.info("replication %s vb %d: takeover done, active here", self.name, st.vb)
+        self.on_state(st.vb, state)
+
+
+def _name(enum: type, value: int) -> str:
+    try:
+        return enum(value).name
+    except ValueError:
+        return f"0x{value:02x}"
+
+
+def _ignore(_e: object) -> None:
+    """Answers to CLOSE_STREAM and probes: nothing to do."""
