@@ -9,7 +9,9 @@ Usage (see docs/benchmarks.md)::
     .venv/bin/python -m tools.bench plot r.json docs/img/benchmarks.png
     .venv/bin/python -m tools.bench setup                      # install redis-server (root)
 
-Scenarios: ceiling, stream-memory, stream-disk, ingest, fanout, latency, slow-consumer.
+Scenarios: ceiling, stream-memory, stream-disk, ingest, fanout, latency, slow-consumer;
+and ``replication`` (an active and a ``--replica-of`` replica; not part of ``all``: it runs
+itself, then stream-memory and stream-disk at the same size, without the Redis peer).
 Each starts its own servers on loopback ports (ours: ``dcp-server --port 0`` as a
 subprocess; the peer: ``redis-server`` on a free port with persistence off), runs ours and
 the peer alternately for ``--reps`` repetitions, and reports medians, min-max, ours/peer,
@@ -34,9 +36,13 @@ from typing import Any
 
 from . import report as bench_report
 from .procs import BenchError, ensure_redis
+from .replication import replication
 from .scenarios import SCENARIOS, Ctx
 
 ORDER = list(SCENARIOS)
+#: Commands that are not part of ``all``: the scenarios each one runs, in order.
+GROUPS = {"replication": ["replication", "stream-memory", "stream-disk"]}
+RUNNERS = {**SCENARIOS, "replication": replication}
 DEFAULTS = {
     "items": 1_000_000,
     "fanout_items": 200_000,
@@ -81,9 +87,9 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
     g.add_argument("--vbuckets", type=int, help="server vbuckets (default 1024)")
     g.add_argument("--batch", type=int, help="writes per pipelined batch, both sides (1000)")
     g.add_argument("--value-size", type=int, help="value bytes (100; keys are 16 bytes)")
-    if scenario in ("latency", "all"):
-        g.add_argument("--seconds", type=float, help="latency: seconds of writing (30)")
-        g.add_argument("--rate", type=int, help="latency: writes per second (10000)")
+    if scenario in ("latency", "replication", "all"):
+        g.add_argument("--seconds", type=float, help="latency/lag: seconds of writing (30)")
+        g.add_argument("--rate", type=int, help="latency/lag: writes per second (10000)")
     if scenario in ("fanout", "all"):
         g.add_argument(
             "--clients",
@@ -131,7 +137,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in [*ORDER, "all"]:
+    for name in [*ORDER, *GROUPS, "all"]:
         _common(sub.add_parser(name, help=f"run {name}"), name)
     p = sub.add_parser("plot", help="plot a saved JSON document")
     p.add_argument("input")
@@ -154,6 +160,8 @@ def options(ns: argparse.Namespace) -> argparse.Namespace:
         given["fanout_items"] = given.pop("items")
     if ns.cmd == "slow-consumer" and "items" in given:
         given["slow_items"] = given.pop("items")
+    if ns.cmd == "replication":
+        given["no_peer"] = True  # two of our servers; Redis has nothing to compare here
     o.update(given)
     o["log_dir"] = tempfile.mkdtemp(prefix="dcp-bench-logs-")
     return argparse.Namespace(**o)
@@ -171,6 +179,8 @@ def _steps(o: argparse.Namespace, names: list[str], peer: bool) -> int:
             n += o.reps
         elif name == "slow-consumer":
             n += o.slow_reps or o.reps
+        elif name == "replication":
+            n += o.reps * 2
         else:
             n += o.reps * sides
     return n
@@ -219,7 +229,7 @@ def run(o: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         for name in names:
             t0 = time.perf_counter()
             os.environ["DCP_BENCH_SCENARIO"] = name
-            results[name] = SCENARIOS[name](ctx)
+            results[name] = RUNNERS[name](ctx)
             results[name]["wall_s"] = round(time.perf_counter() - t0, 1)
     finally:
         if progress is not None:
@@ -269,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             bench_report.print_table(doc)
         return 0
     o = options(ns)
-    names = ORDER if ns.cmd == "all" else [ns.cmd]
+    names = ORDER if ns.cmd == "all" else GROUPS.get(ns.cmd, [ns.cmd])
     if ns.cmd == "all" and getattr(ns, "only", None):
         names = [n for n in ORDER if n in ns.only.split(",")]
     try:

@@ -164,13 +164,22 @@ class OurServer(_Proc):
             threading.Thread(
                 target=_poll_port, args=(fixed, found, timeout, self.proc), daemon=True
             ).start()
-        try:
-            self.port = found.get(timeout=timeout)
-        except queue.Empty:
-            self.stop()
-            raise BenchError(
-                f"dcp-server did not report its port within {timeout:g}s (log: {self.log_path})"
-            ) from None
+        deadline = time.monotonic() + timeout
+        while not self.port:
+            try:
+                self.port = found.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None:  # died at start: say so now, not in 60 s
+                    raise BenchError(
+                        f"dcp-server exited with status {self.proc.returncode} at start "
+                        f"(log: {self.log_path})"
+                    ) from None
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise BenchError(
+                        f"dcp-server did not report its port within {timeout:g}s "
+                        f"(log: {self.log_path})"
+                    ) from None
         return self
 
     def errors(self) -> list[str]:

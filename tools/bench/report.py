@@ -24,6 +24,7 @@ GOALS: dict[str, str] = {
     "latency": "p99 <= 2 ms at 10 k/s",
     "slow-consumer": "peak RSS <= quota + 150 MiB, nothing lost",
     "ceiling": "(reference)",
+    "replication": ">= 300 k/s applied; lag p99 <= 5 ms at 10 k/s",
 }
 
 
@@ -46,6 +47,9 @@ def evaluate(res: dict[str, Any]) -> bool | None:
         return med is not None and med <= 2.0
     if name == "slow-consumer":
         return bool(res.get("ok")) and all(r["within_limit"] for r in ours.get("runs", []))
+    if name == "replication":
+        applied, p99 = res.get("applied_rate"), res.get("lag_p99_ms")
+        return applied is not None and applied >= 300_000 and p99 is not None and p99 <= 5.0
     return None
 
 
@@ -57,6 +61,15 @@ def annotate(results: dict[str, Any]) -> None:
         res["met"] = evaluate(res)
         if ceil and name in ("stream-memory", "stream-disk", "ingest") and res["ours"]["median"]:
             res["ceiling_fraction"] = res["ours"]["median"] / ceil
+    rep = results.get("replication")
+    if rep and rep.get("applied_rate"):
+        # the replica's apply rate beside the same run's streaming figures
+        for name in ("stream-memory", "stream-disk"):
+            med = (results.get(name, {}).get("ours") or {}).get("median")
+            rep.setdefault("beside", {})[name] = {
+                "mutations_per_s": med,
+                "applied_vs_stream": rep["applied_rate"] / med if med else None,
+            }
 
 
 def machine() -> dict[str, Any]:
@@ -105,7 +118,7 @@ def _k(x: float | None) -> str:
 def _fmt(name: str, s: dict[str, Any] | None) -> str:
     if not s or s.get("median") is None:
         return "-"
-    if name in ("latency",):
+    if name in ("latency",) or name.endswith(" lag"):
         return f"{s['median']:.2f} ms [{s['min']:.2f}-{s['max']:.2f}]"
     if name == "slow-consumer":
         return f"{s['median']:.0f} MiB [{s['min']:.0f}-{s['max']:.0f}]"
@@ -203,6 +216,21 @@ def print_table(doc: dict[str, Any], file: Any = None) -> None:
             console.print(
                 f"[bold red]{name}: delivered counts did not match what was written[/bold red]"
             )
+    rep = doc["results"].get("replication")
+    if rep:
+        g = rep["goal_ratios"]
+        console.print(
+            f"replication: writer {_k(rep['writer_rate'])}/s to the active; replica applied "
+            f"{_k(rep['applied_rate'])}/s ({g['applied_vs_300k']:.2f}x the 300 k/s goal), "
+            f"persisted {_k(rep['persisted_rate'])}/s; lag p50 {rep['lag_p50_ms']:.2f} ms, "
+            f"p99 {rep['lag_p99_ms']:.2f} ms (goal 5 ms: {g['lag_5ms_vs_p99']:.2f}x)"
+        )
+        for name, b in (rep.get("beside") or {}).items():
+            if b["mutations_per_s"]:
+                console.print(
+                    f"  beside {name} {_k(b['mutations_per_s'])}/s: replica applies at "
+                    f"{b['applied_vs_stream']:.2f}x that"
+                )
     lat = doc["results"].get("latency")
     if lat:
         for side in ("ours", "peer"):

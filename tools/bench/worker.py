@@ -229,7 +229,8 @@ async def ours_slow_consumer(p: dict[str, Any]) -> None:
 
 async def ours_latency(p: dict[str, Any]) -> None:
     """Writes at ``rate``/s for ``seconds`` (KvClient) while a DcpClient in the same
-    process records when each write is delivered."""
+    process records when each write is delivered. ``dcp_port`` (default ``port``): the
+    server the DcpClient streams from (the replication scenario: the replica)."""
     import trio
 
     from dcp.consumer import DcpClient, KvClient
@@ -257,7 +258,7 @@ async def ours_latency(p: dict[str, Any]) -> None:
 
     async with (
         KvClient("127.0.0.1", p["port"], num_vbuckets=p["vbuckets"]) as kv,
-        DcpClient("127.0.0.1", p["port"], name="bench-latency") as client,
+        DcpClient("127.0.0.1", p.get("dcp_port", p["port"]), name="bench-latency") as client,
     ):
         await _registered([client], p["vbuckets"], p["timeout"])
         emit("ready")
