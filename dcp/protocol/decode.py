@@ -13,6 +13,8 @@ Rules of this module:
   + extras per frame (a mutation following one of the same stream takes the shortest
   path), appended to the current run, which becomes one ``Items`` event when another
   kind of frame, another stream, the chunk's end or the snapshot's end interrupts it.
+  An item carries the vbucket of its own header (the run, its stream's), so a consumer
+  can refuse an item a broken producer sent for another vbucket on a stream's opaque.
   V1 snapshot markers of streaming streams are decoded here too; every other frame is
   built as a ``Frame`` and handed to ``ClientSession.on_frame``.
 - Byte counts (see ``session.py`` for what they mean to flow control): ``uncounted``
@@ -102,7 +104,7 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
             ):
                 a = pos + 55
                 b = a + kl
-                cur_append(mk_mut(cur_vb, by, rev, cas, flg, exp, lk, dt, buf[a:b], buf[b:end]))
+                cur_append(mk_mut(vb, by, rev, cas, flg, exp, lk, dt, buf[a:b], buf[b:end]))
                 run += end - pos
                 pos = end
                 if by >= cur_end:
@@ -147,20 +149,20 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
                     (_m, _o, _k, _e, _d, _v, _b, _q, _c, by, rev, flg, exp, lk, _nm, _nru) = (
                         hdr_mut(buf, pos)
                     )
-                    item = mk_mut(st.vbucket, by, rev, cas, flg, exp, lk, dt, buf[a:b], buf[b:end])
+                    item = mk_mut(vb, by, rev, cas, flg, exp, lk, dt, buf[a:b], buf[b:end])
                 elif op == 0x58 and el == 18:
                     by, rev = _HDR_DEL1(buf, pos)[9:11]
                     item = session.deletion(
-                        st.vbucket, by, rev, cas, dt, buf[a:b], buf[b:end], None
+                        vb, by, rev, cas, dt, buf[a:b], buf[b:end], None
                     )
                 elif op == 0x58 and el == 21:
                     by, rev, dtime = _HDR_DEL2(buf, pos)[9:12]
                     item = session.deletion(
-                        st.vbucket, by, rev, cas, dt, buf[a:b], buf[b:end], dtime
+                        vb, by, rev, cas, dt, buf[a:b], buf[b:end], dtime
                     )
                 elif op == 0x59 and el == 20:
                     by, rev, dtime = _HDR_EXP(buf, pos)[9:12]
-                    item = session.expiration(st.vbucket, by, rev, cas, buf[a:b], dtime)
+                    item = session.expiration(vb, by, rev, cas, buf[a:b], dtime)
                 else:
                     raise RemoteProtocolError(f"opcode 0x{op:02x} with {el} bytes of extras")
                 if opq != cur_opq:

@@ -296,8 +296,9 @@ class ClientSession:
             out.append(Marker(st.opaque, st.vbucket, s, st.end, flags, purge))
             return held
         elif op in (Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION):
-            # a data message outside a snapshot, or one in alt framing
-            vb = st.vbucket
+            # a data message outside a snapshot, or one in alt framing (the item carries
+            # its header's vbucket, as decode.py's do)
+            vb = f.vbucket
             if op == Opcode.DCP_MUTATION:
                 by, rev, flg, exp, lk = codec.parse_mutation(f)
                 item = self.mutation(vb, by, rev, f.cas, flg, exp, lk, f.datatype, f.key, f.value)
