@@ -199,6 +199,18 @@ KINDS: dict[str, st.SearchStrategy[dict]] = {
         Opcode.GET_ALL_VB_SEQNOS,
         value=st.lists(st.fixed_dictionaries({"vbucket": u16, "seqno": u64}), max_size=8),
     ),
+    "set_vbucket_state": req(
+        Opcode.SET_VBUCKET_STATE, vbucket=u16, extras=_extras(state=st.integers(1, 4))
+    ),
+    "set_vbucket_state_response": resp(
+        Opcode.SET_VBUCKET_STATE, status=st.sampled_from([0, int(Status.NOT_MY_VBUCKET)])
+    ),
+    "get_vbucket": req(Opcode.GET_VBUCKET, vbucket=u16),
+    "get_vbucket_response": resp(Opcode.GET_VBUCKET, value=_extras(state=st.integers(1, 4))),
+    "dcp_set_vbucket_state": req(
+        Opcode.DCP_SET_VBUCKET_STATE, vbucket=u16, extras=_extras(state=st.integers(1, 4))
+    ),
+    "dcp_set_vbucket_state_response": resp(Opcode.DCP_SET_VBUCKET_STATE),
     "hello": req(Opcode.HELLO, key=ascii_text.map(str.encode), value=features),
     "hello_response": resp(Opcode.HELLO, value=features),
     "noop": req(Opcode.NOOP),
@@ -220,7 +232,7 @@ untyped_frames = st.fixed_dictionaries(
                 int(Magic.SERVER_RESPONSE),
             ]
         ),
-        "opcode": st.sampled_from([0x5B, 0x5F, 0x60, 0x89, 0xB5, 0xEE]),
+        "opcode": st.sampled_from([0x5A, 0x5F, 0x60, 0x89, 0xB5, 0xEE]),
         "datatype": u8,
         "opaque": u32,
         "cas": u64,

@@ -498,6 +498,63 @@ CASES: list[tuple[str, str, str, dict]] = [
         _resp(Opcode.VERSION, opaque=17, value=b"0.1.0"),
     ),
     (
+        "set_vbucket_state_request",
+        C2S,
+        "SET_VBUCKET_STATE: 1-byte extras = the new state (2 replica), no key, no value.",
+        _req(Opcode.SET_VBUCKET_STATE, vbucket=5, opaque=19, extras={"state": 2}),
+    ),
+    (
+        "set_vbucket_state_request_json",
+        C2S,
+        "SET_VBUCKET_STATE with our JSON options (datatype JSON): state 2 replica, "
+        "fed by a takeover stream from the node named in source.",
+        _req(
+            Opcode.SET_VBUCKET_STATE,
+            vbucket=5,
+            opaque=20,
+            datatype=Datatype.JSON,
+            extras={"state": VBucketState.REPLICA},
+            value=b'{"source":"127.0.0.1:11210","takeover":true}',
+        ),
+    ),
+    (
+        "set_vbucket_state_response",
+        S2C,
+        "SET_VBUCKET_STATE accepted: status only.",
+        _resp(Opcode.SET_VBUCKET_STATE, opaque=20),
+    ),
+    (
+        "get_vbucket_request",
+        C2S,
+        "GET_VBUCKET for vbucket 5: header only.",
+        _req(Opcode.GET_VBUCKET, vbucket=5, opaque=21),
+    ),
+    (
+        "get_vbucket_response",
+        S2C,
+        "GET_VBUCKET reply: the value is the state as a big-endian uint32 (3 pending).",
+        _resp(Opcode.GET_VBUCKET, opaque=21, value={"state": VBucketState.PENDING}),
+    ),
+    (
+        "dcp_set_vbucket_state_request",
+        S2C,
+        "DCP_SET_VBUCKET_STATE in a takeover stream (the stream's opaque): 1-byte extras = "
+        "the state the consumer must apply (3 pending, later 1 active), no key, no value.",
+        _req(
+            Opcode.DCP_SET_VBUCKET_STATE,
+            vbucket=5,
+            opaque=0x2A,
+            extras={"state": VBucketState.PENDING},
+        ),
+    ),
+    (
+        "dcp_set_vbucket_state_response",
+        C2S,
+        "The consumer applied the state: SUCCESS with the stream's opaque (an error status "
+        "makes the producer close the connection and undo the hand-over).",
+        _resp(Opcode.DCP_SET_VBUCKET_STATE, opaque=0x2A),
+    ),
+    (
         "stat_request",
         C2S,
         "STAT group 'vbucket-seqno 5': key = group name and argument.",

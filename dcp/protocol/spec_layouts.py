@@ -84,6 +84,8 @@ __all__ = [
     "StreamEndExtras",
     "StreamIdPayload",
     "StreamRequestExtras",
+    "VBucketStateExtras",
+    "VBucketStateValue",
     "VbSeqno",
     "VbSeqnoList",
     "built_size",
@@ -184,6 +186,7 @@ GetAllVbSeqnosCollectionExtras = Struct("vbucket_state" / U32, "collection_id" /
 StoreExtras = Struct("flags" / U32, "expiration" / U32)  # 8 B: SET, ADD, REPLACE requests
 GetResponseExtras = Struct("flags" / U32)  # 4 B: GET success response
 MutationSeqnoExtras = Struct("vb_uuid" / U64, "seqno" / U64)  # 16 B: write response (HELLO 0x04)
+VBucketStateExtras = Struct("state" / U8)  # 1 B: SET_VBUCKET_STATE, DCP_SET_VBUCKET_STATE
 
 # --------------------------------------------------------------------------- value layouts
 
@@ -203,6 +206,7 @@ RollbackValue = exact(Struct("rollback_seqno" / U64))
 VbSeqno = Struct("vbucket" / U16, "seqno" / U64)
 VbSeqnoList = exact(GreedyRange(VbSeqno))  # sorted by vbucket
 HelloFeatures = exact(GreedyRange(U16))
+VBucketStateValue = exact(Struct("state" / U32))  # GET_VBUCKET success: the state as a u32
 NO_VALUE = exact(Bytes(0))
 RAW = GreedyBytes
 
@@ -309,6 +313,9 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
         _NONE,
         NO_VALUE,
     ),
+    # value: optional JSON options (datatype JSON), protocol_spec/README.md
+    Opcode.SET_VBUCKET_STATE: ({1: VBucketStateExtras}, _NONE, RAW),
+    Opcode.GET_VBUCKET: (_NO_EXTRAS, _NONE, NO_VALUE),
     Opcode.DCP_OPEN: ({8: DcpOpenExtras}, (1, 200), RAW),  # key = name; value: opt. JSON
     Opcode.DCP_CLOSE_STREAM: (_NO_EXTRAS, _NONE, NO_VALUE),
     Opcode.DCP_STREAM_REQ: ({48: StreamRequestExtras}, _NONE, RAW),  # value: opt. JSON
@@ -336,6 +343,7 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
     Opcode.DCP_BUFFER_ACK: ({4: BufferAckExtras}, _NONE, NO_VALUE),
     Opcode.DCP_CONTROL: (_NO_EXTRAS, _NEEDED, RAW),  # key = setting, value = its value
     Opcode.DCP_SEQNO_ADVANCED: ({8: SeqnoAdvancedExtras}, _NONE, NO_VALUE),
+    Opcode.DCP_SET_VBUCKET_STATE: ({1: VBucketStateExtras}, _NONE, NO_VALUE),  # takeover
 }
 
 _WRITE_RESPONSE: tuple[dict[int, Construct], dict[int, Construct]] = (
@@ -352,6 +360,7 @@ RESPONSES: dict[int, tuple[dict[int, Construct], dict[int, Construct]]] = {
     Opcode.DELETE: _WRITE_RESPONSE,
     Opcode.HELLO: (_NO_EXTRAS, {Status.SUCCESS: HelloFeatures}),
     Opcode.GET_ALL_VB_SEQNOS: (_NO_EXTRAS, {Status.SUCCESS: VbSeqnoList}),
+    Opcode.GET_VBUCKET: (_NO_EXTRAS, {Status.SUCCESS: VBucketStateValue}),
     Opcode.DCP_STREAM_REQ: (
         _NO_EXTRAS,
         {Status.SUCCESS: FailoverLog, Status.ROLLBACK: RollbackValue},
@@ -374,6 +383,8 @@ RESPONSES: dict[int, tuple[dict[int, Construct], dict[int, Construct]]] = {
             Opcode.DCP_BUFFER_ACK,
             Opcode.DCP_CONTROL,
             Opcode.DCP_SEQNO_ADVANCED,
+            Opcode.SET_VBUCKET_STATE,
+            Opcode.DCP_SET_VBUCKET_STATE,
         )
     },
 }

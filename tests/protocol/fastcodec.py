@@ -9,6 +9,8 @@ nru) must be 0 when encoding; when decoding they are read with the codec's own s
 
 from __future__ import annotations
 
+import json
+
 from dcp.protocol import codec, spec
 from dcp.protocol.errors import RollbackRequired, for_status
 from dcp.protocol.frames import (
@@ -148,6 +150,15 @@ def encode(f: dict) -> bytes:
             )
         if op == Opcode.HELLO:
             return codec.hello(key.decode(), value, opaque)
+        if op == Opcode.SET_VBUCKET_STATE:
+            assert cas == 0 and not key and dt == (0x01 if value else 0)
+            options = json.loads(value) if value else None
+            frame = codec.set_vbucket_state(vb, ex["state"], opaque, options)
+            assert not value or frame.endswith(value), "the codec writes compact JSON"
+            return frame
+        if op == Opcode.DCP_SET_VBUCKET_STATE:
+            assert cas == 0 and dt == 0 and not key and not value
+            return codec.dcp_set_vbucket_state(vb, opaque, ex["state"])
         if op == Opcode.GET_ALL_VB_SEQNOS:
             extras = codec.U32.pack(ex["vbucket_state"]) if ex else b""
             if ex and "collection_id" in ex:
@@ -190,6 +201,8 @@ def encode(f: dict) -> bytes:
             value = codec.all_vb_seqnos_value([(e["vbucket"], e["seqno"]) for e in value])
         elif status == Status.SUCCESS and op == Opcode.HELLO:
             value = b"".join(codec.U16.pack(x) for x in value)
+        elif status == Status.SUCCESS and op == Opcode.GET_VBUCKET:
+            value = codec.get_vbucket_value(value["state"])
         return codec.response(
             op, status, opaque=opaque, cas=cas, datatype=dt, extras=extras, key=key, value=value
         )
@@ -297,6 +310,11 @@ def _request_extras_value(fr: Frame) -> tuple[object, object]:
         return {"flags": flags, "expiration": exp}, value
     if op == Opcode.HELLO:
         return None, codec.parse_hello_features(value)
+    if op == Opcode.SET_VBUCKET_STATE:
+        state, _options = codec.parse_set_vbucket_state(fr)
+        return {"state": state}, value
+    if op == Opcode.DCP_SET_VBUCKET_STATE:
+        return {"state": codec.parse_dcp_set_vbucket_state(fr)}, value
     if op == Opcode.GET_ALL_VB_SEQNOS and ex:
         state = {"vbucket_state": codec.U32.unpack_from(ex)[0]}
         if len(ex) == 8:
@@ -326,6 +344,9 @@ def _response_extras_value(fr: Frame) -> tuple[object, object]:
         value = [{"vbucket": v, "seqno": s} for v, s in codec.parse_all_vb_seqnos(value)]
     elif status == Status.SUCCESS and op == Opcode.HELLO:
         value = codec.parse_hello_features(value)
+    elif status == Status.SUCCESS and op == Opcode.GET_VBUCKET:
+        assert len(value) == 4, "GET_VBUCKET answers 4 bytes"
+        value = {"state": codec.U32.unpack(value)[0]}
     return extras, value
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dcp.protocol import codec
 from dcp.protocol.errors import RemoteProtocolError
-from dcp.protocol.events import Rejected
+from dcp.protocol.events import Rejected, StateAcked
 from dcp.protocol.frames import Frame, FrameReader
 from dcp.protocol.layout import ALT_HEADER, HDR_STORE, HEADER
 from dcp.protocol.opcodes import Opcode
@@ -54,8 +54,11 @@ def _plain(f: Frame) -> tuple:
 def _expected(f: Frame) -> tuple | None:
     """What the session's rules make of one FrameReader frame (None: absorbed)."""
     if f.magic in (0x81, 0x18):
-        if f.opcode != Opcode.DCP_NOOP and f.status and 0x55 <= f.opcode <= 0x59:
+        dcp_message = 0x55 <= f.opcode <= 0x59 or f.opcode == Opcode.DCP_SET_VBUCKET_STATE
+        if f.opcode != Opcode.DCP_NOOP and f.status and dcp_message:
             return ("rejected", f.opaque, f.opcode, f.status)
+        if f.opcode == Opcode.DCP_SET_VBUCKET_STATE and not f.status:
+            return ("acked", f.opaque)
         return None
     return _plain(f)
 
@@ -108,6 +111,8 @@ def _drive(session: ServerSession, chunks: list[bytes], fast: bool) -> tuple[lis
                     break
                 if isinstance(ev, Rejected):
                     got.append(("rejected", ev.opaque, ev.opcode, ev.status))
+                elif isinstance(ev, StateAcked):
+                    got.append(("acked", ev.opaque))
                 else:
                     got.append(_plain(ev))
     except RemoteProtocolError:
@@ -149,6 +154,7 @@ _refusals = st.builds(
             Opcode.DCP_MUTATION,
             Opcode.DCP_STREAM_END,
             Opcode.DCP_SNAPSHOT_MARKER,
+            Opcode.DCP_SET_VBUCKET_STATE,
             Opcode.GET,
         ]
     ),

@@ -9,9 +9,11 @@ field values we meant (protocol_spec/README.md, "Checking with Wireshark").
 Known dissector quirks we allow, each only on the frames where it is expected:
 - every non-success status is reported as an expert warning "<Command>: <Status>";
 - a GET error response (no extras, as memcached sends it) gets "Get Response must have Extras";
-- binary values (failover log, vbucket seqnos, rollback seqno) get a tree-only
-  "Trailing stray characters" (the value is also shown as a string);
-- the ROLLBACK value and the STREAM_END extras are not decoded: we check their bytes instead;
+- binary values (failover log, vbucket seqnos, rollback seqno, GET_VBUCKET's state) get a
+  tree-only "Trailing stray characters" (the value is also shown as a string);
+- the ROLLBACK value, the STREAM_END extras and GET_VBUCKET's value are not decoded: we
+  check their bytes instead; the 1-byte state extras of SET_VBUCKET_STATE and
+  DCP_SET_VBUCKET_STATE are shown as raw "Unknown" extras (we compare those bytes);
 - ``couchbase.opaque`` is shown little-endian: we never compare it.
 """
 
@@ -332,6 +334,27 @@ def exchange() -> list[Step]:
             ),
             extras__mutation_seqno="12",
         ),
+        c(
+            codec.set_vbucket_state(
+                5, VBucketState.REPLICA, 19, {"source": "127.0.0.1:11210", "takeover": True}
+            ),
+            extras__unknown="02",
+            value='{"source":"127.0.0.1:11210","takeover":true}',
+        ),
+        s(codec.response(Opcode.SET_VBUCKET_STATE, opaque=19)),
+        c(codec.set_vbucket_state(6, VBucketState.DEAD, 20), extras__unknown="04"),
+        s(codec.response(Opcode.SET_VBUCKET_STATE, opaque=20)),
+        c(codec.request(Opcode.GET_VBUCKET, vbucket=5, opaque=21)),
+        s(
+            codec.response(
+                Opcode.GET_VBUCKET, opaque=21, value=codec.get_vbucket_value(VBucketState.PENDING)
+            ),
+            (STRAY,),
+        ),
+        s(codec.dcp_set_vbucket_state(5, 0x2C, VBucketState.PENDING), extras__unknown="03"),
+        c(codec.response(Opcode.DCP_SET_VBUCKET_STATE, opaque=0x2C)),
+        s(codec.dcp_set_vbucket_state(5, 0x2C, VBucketState.ACTIVE), extras__unknown="01"),
+        c(codec.response(Opcode.DCP_SET_VBUCKET_STATE, opaque=0x2C)),
         c(codec.request(Opcode.NOOP, opaque=16)),
         s(codec.response(Opcode.NOOP, opaque=16)),
         c(codec.request(Opcode.VERSION, opaque=17)),
@@ -525,7 +548,8 @@ def _captured_frames(pcap: Path, port: int, display_filter: str) -> list:
 
 
 def test_values_tshark_does_not_decode_are_right_on_the_wire(captured):
-    """Quirk 4: the ROLLBACK value and STREAM_END extras, read from the capture by us."""
+    """Quirk 4: the ROLLBACK value, STREAM_END extras and GET_VBUCKET value, read from
+    the capture by us."""
     pcap, _, _, port = captured
     (rollback,) = _captured_frames(
         pcap, port, "couchbase.opcode == 0x53 && couchbase.status == 0x23"
@@ -533,3 +557,7 @@ def test_values_tshark_does_not_decode_are_right_on_the_wire(captured):
     assert codec.U64.unpack(rollback.value)[0] == 90
     (stream_end,) = _captured_frames(pcap, port, "couchbase.opcode == 0x55")
     assert codec.parse_stream_end(stream_end) == StreamEndStatus.OK
+    (get_vbucket,) = _captured_frames(
+        pcap, port, "couchbase.opcode == 0x3e && couchbase.magic == 0x81"
+    )
+    assert get_vbucket.value == b"\x00\x00\x00\x03"

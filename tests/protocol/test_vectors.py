@@ -36,6 +36,10 @@ def test_there_is_a_vector_for_every_frame_kind_we_speak():
         "set_request_durable",
         "get_all_vb_seqnos_response",
         "hello_request",
+        "set_vbucket_state_request_json",
+        "get_vbucket_response",
+        "dcp_set_vbucket_state_request",
+        "dcp_set_vbucket_state_response",
     ):
         assert must in names
 
