@@ -73,6 +73,12 @@ class ServerConfig:
     backfill_buffer_bytes: int = 8 * 1024 * 1024
     max_concurrent_backfills: int = 4
     log_level: str = "INFO"
+    #: "HOST:PORT": every vbucket of this node is a replica of that node (a hot standby).
+    #: Empty: vbuckets keep the states they were given (SET_VBUCKET_STATE, dcpctl).
+    replica_of: str = ""
+    #: "HOST:PORT" other nodes know this one by (replication connection names); empty:
+    #: the listen address.
+    advertise: str = ""
     metrics_port: int = 0
     #: Seconds a thread may hold the GIL while another waits for it (``sys.setswitchinterval``).
     #: The flusher and backfills run Python in worker threads; at CPython's 5 ms default
@@ -121,6 +127,11 @@ class ServerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
+        for name in ("replica_of", "advertise"):
+            value = getattr(self, name)
+            host, sep, port = value.rpartition(":")
+            if value and (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536):
+                raise ConfigError(f"{name} must be HOST:PORT, not {value!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(
                 f"log_level must be DEBUG, INFO, WARNING or ERROR, not {self.log_level}"

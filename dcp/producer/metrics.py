@@ -57,6 +57,8 @@ class ServerMetrics:
         self.partial_frame_closed = 0
         #: Durable writes answered SYNC_WRITE_AMBIGUOUS / ETMPFAIL at their deadline.
         self.durable_timeouts = 0
+        #: Replica vbuckets rolled back because their source answered ROLLBACK.
+        self.replica_rollbacks = 0
 
     def op(self, opcode: int) -> None:
         self.ops[opcode] += 1

@@ -225,6 +225,28 @@ class Persistence:
                 with trio.move_on_after(interval):
                     await self._durable_event.wait()
 
+    # ------------------------------------------------------------------ replica rollback
+
+    async def rollback(self, vbid: int, seqno: int) -> int:
+        """Roll a replica vbucket back to ``seqno`` or below (engine: ``Bucket.rollback``'s
+        parts) under the storage lock, so no flush batch is in flight or collected
+        meanwhile; returns the seqno reached. The unpersisted tail is dropped, not
+        flushed: flushing it would delete the versions the rollback must restore.
+
+        Raises:
+            StorageError: nothing was rolled back (the caller retries later).
+        """
+        bucket = self.bucket
+        with trio.CancelScope(shield=True):
+            async with self._lock:
+                target = bucket.rollback_target(vbid, seqno)
+                reached, index, max_cas = await trio.to_thread.run_sync(
+                    bucket.rollback_disk, vbid, target
+                )
+                bucket.vbucket(vbid).reset_to(reached, index, max_cas)
+        log.info("vb %d rolled back to seqno %d (asked for %d)", vbid, reached, seqno)
+        return reached
+
     # ------------------------------------------------------------------ compaction
 
     async def run_compaction(self) -> None:

@@ -43,7 +43,9 @@ from .engine import Bucket, EngineConfig, VBucket
 from .limits import accept_connections, guard_output
 from .metrics import ServerMetrics, serve_metrics
 from .persistence import Persistence
+from .replication.manager import ReplicationManager
 from .stream_registry import StreamRegistry
+from .vbucket_states import VBucketStates
 
 __all__ = ["DcpServer", "ServerConfig", "open_server"]
 
@@ -84,10 +86,12 @@ class DcpServer:
         self.persistence: Persistence
         self.stream_registry: StreamRegistry
         self.backfills: Backfills
+        self.vbucket_states: VBucketStates
         self._by_name: dict[str, Connection] = {}
         self._shutdown = trio.Event()
         self._stopped = trio.Event()
         self._accept_scope = trio.CancelScope()
+        self._replication_scope = trio.CancelScope()
         self._started_at = time.monotonic()
         self._exit_stack: contextlib.AsyncExitStack | None = None
 
@@ -155,6 +159,7 @@ class DcpServer:
                         self.config.port, host=self.config.host
                     )
                     self.port = listeners[0].socket.getsockname()[1]
+                    await self._start_replication(bg)
                     conns.start_soon(self._accept, listeners, conns)
                     log.info(
                         "listening host=%s port=%d data_dir=%s vbuckets=%d",
@@ -165,6 +170,7 @@ class DcpServer:
                     )
                     task_status.started(self)
                     await self._shutdown.wait()
+                    self._replication_scope.cancel()
                     await self._stop_connections()
                     conns.cancel_scope.cancel()
                 if self.clean_shutdown:
@@ -179,6 +185,28 @@ class DcpServer:
                 )
             log.info("stopped clean=%s", self.clean_shutdown)
             self._stopped.set()
+
+    async def _start_replication(self, bg: trio.Nursery) -> None:
+        """This node's vbucket states and replication (vbucket_states.py, replication/):
+        started before the first connection is accepted, so SET_VBUCKET_STATE and the
+        static topology (``replica_of``) always find them."""
+        node = self.config.advertise or f"{self.config.host}:{self.port}"
+        states = self.vbucket_states = VBucketStates(self, node)
+        manager = ReplicationManager(states)
+        await bg.start(self._run_replication, manager)
+        states.manager = manager
+        bg.start_soon(states.run)
+        states.start(self.config.replica_of)
+        if self.config.replica_of:
+            log.info("every vbucket is a replica of %s", self.config.replica_of)
+
+    async def _run_replication(
+        self, manager: ReplicationManager, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        # its own cancel scope: a graceful stop ends replication before the final flush,
+        # so nothing is applied after the last flush was collected
+        with self._replication_scope:
+            await manager.run(task_status=task_status)
 
     async def _run_expiry(self) -> None:
         """The expiry pager: expire items whose time is up, wake their streams. (It writes
@@ -265,6 +293,17 @@ class DcpServer:
 
     def streams_of(self, vbid: int) -> list[ActiveStream]:
         return self.stream_registry.of(vbid)
+
+    def replication_of(self, vbid: int) -> dict[str, Any]:
+        """How replica ``vbid`` is fed ({} when it has no source or nothing runs yet)."""
+        manager = self.vbucket_states.manager if hasattr(self, "vbucket_states") else None
+        info = manager.vbucket_info(vbid) if manager is not None else None
+        return info or {}
+
+    def replication_sources(self) -> dict[str, dict[str, Any]]:
+        """Per source node: its replication connection's counters."""
+        manager = self.vbucket_states.manager if hasattr(self, "vbucket_states") else None
+        return manager.stats()["sources"] if manager is not None else {}
 
     # ------------------------------------------------------------------ connections
 

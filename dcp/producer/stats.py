@@ -15,7 +15,10 @@ one go while other clients wait. A unit is built without yielding, so it is a
 consistent view of its vbucket or connection; different units may be moments apart.
 
 Groups: ``""`` (general), ``vbucket``, ``vbucket-seqno [vb]``, ``failovers [vb]``,
-``checkpoint [vb]``, ``dcp``, ``dcp-streams`` (one JSON value per stream, for tools).
+``checkpoint [vb]``, ``dcp``, ``dcp-streams`` (one JSON value per stream, for tools),
+``replication [vb]`` (per vbucket ``vb_N:state`` and, for a replica fed from a source,
+``source``, ``high_seqno``, ``source_seqno`` (the highest snapshot end the source
+announced), ``lag`` and ``stream``; then per source node ``source:ADDR:FIELD``).
 
 ``checkpoint [vb]`` keys (all prefixed ``vb_N:``): the manager's summary (``num_checkpoints``,
 ``num_items``, ``mem_usage``...), ``high_seqno`` / ``persisted_seqno``, one
@@ -143,6 +146,30 @@ def _vbucket(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:
         yield [(f"vb_{vb}", server.bucket.vbucket(vb).state.name.lower())]
 
 
+def _replication(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:
+    for vb in vbs:
+        v = server.bucket.vbucket(vb)
+        out: Pairs = [(f"vb_{vb}:state", v.state.name.lower())]
+        info = server.replication_of(vb)
+        if info:
+            high = v.high_seqno
+            source_seqno = max(info.get("source_seqno", 0), high)
+            out += [
+                (f"vb_{vb}:source", info["source"]),
+                (f"vb_{vb}:high_seqno", high),
+                (f"vb_{vb}:source_seqno", source_seqno),
+                (f"vb_{vb}:lag", source_seqno - high),
+                (f"vb_{vb}:stream", info.get("stream", "requested")),
+            ]
+        yield out
+    if len(vbs) == server.bucket.num_vbuckets:
+        for addr, st in sorted(server.replication_sources().items()):
+            yield [
+                (f"source:{addr}:{k}", ("true" if v else "false") if isinstance(v, bool) else v)
+                for k, v in st.items()
+            ]
+
+
 def _dcp(server: ServerView) -> Iterator[Pairs]:
     producers = [c for c in server.connections if c.dcp_name]
     yield [
@@ -179,6 +206,7 @@ _PER_VBUCKET = {
     "failovers": _failovers,
     "checkpoint": _checkpoint,
     "vbucket": _vbucket,
+    "replication": _replication,
 }
 _WHOLE = {"": _general, "dcp": _dcp, "dcp-streams": _dcp_streams}
 

@@ -1,0 +1,192 @@
+"""VBucketStates: this node's vbucket states and where its replicas are fed from.
+
+Rules of this module:
+- ``VBucketStates`` keeps the node's desired assignment ``{vb: Assignment(state, source,
+  takeover)}`` and hands all of it to the replication manager's ``reconcile`` after
+  every change; the engine's vbucket state is the truth for what the node does now.
+  Every way of changing states goes through here: SET_VBUCKET_STATE (``set``), the
+  static topology (``--replica-of``: every vbucket a replica of one node), and the
+  replication manager itself (``ReplicaTarget.set_state`` during a takeover).
+- It is also the engine-backed ``ReplicaTarget`` (replication/target.py): snapshots go
+  into the vbucket, then its streams and the flusher are woken; a real state change
+  ends the vbucket's producer streams with STREAM_END state-changed; a rollback runs
+  under the storage lock (``Persistence.rollback``) and ends them with Rollback.
+- The sources of replica vbuckets are remembered in ``replication.json`` in the data
+  directory (written by the ``run`` task, at most every 0.2 s, atomically), so a
+  replica keeps following its source after a restart; ``--replica-of`` overrides it.
+- Options of SET_VBUCKET_STATE are our extension (protocol_spec/README.md): ``source``
+  ("HOST:PORT") and ``takeover`` (true). Anything else is EINVAL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..protocol.errors import InvalidArguments, NotMyVbucket
+from ..protocol.opcodes import Status, StreamEndStatus, VBucketState
+from .replication.target import Assignment
+
+if TYPE_CHECKING:
+    from .engine.item import Item
+    from .replication.manager import ReplicationManager
+    from .server import DcpServer
+
+__all__ = ["VBucketStates", "parse_address"]
+
+log = logging.getLogger("dcp.vbstates")
+
+SOURCES_FILE = "replication.json"
+_OPTION_KEYS = frozenset(("source", "takeover"))
+_FED = (VBucketState.REPLICA, VBucketState.PENDING)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> (host, port); ValueError naming the problem otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    return host, int(port)
+
+
+class VBucketStates:
+    """See the module rules. Built by ``DcpServer.run`` once the bucket is open."""
+
+    def __init__(self, server: DcpServer, node_name: str) -> None:
+        self._server = server
+        self.node_name = node_name
+        self._assignment: dict[int, Assignment] = {}
+        self.manager: ReplicationManager | None = None
+        self._dirty = trio.Event()
+        self._path = Path(server.config.data_dir) / SOURCES_FILE
+
+    # ------------------------------------------------------------------ assignment
+
+    def start(self, replica_of: str) -> None:
+        """The assignment at start: every vbucket a replica of ``replica_of`` (the static
+        topology), else the sources remembered from the last run."""
+        bucket = self._server.bucket
+        if replica_of:
+            for vb in range(bucket.num_vbuckets):
+                self._assignment[vb] = Assignment(VBucketState.REPLICA, replica_of)
+            self._dirty.set()
+        else:
+            for vb, source in self._load_sources().items():
+                if 0 <= vb < bucket.num_vbuckets and bucket.vbucket(vb).state in _FED:
+                    state = bucket.vbucket(vb).state
+                    self._assignment[vb] = Assignment(state, source)
+        self._reconcile()
+
+    def set(self, vb: int, state: VBucketState, options: dict[str, Any]) -> None:
+        """SET_VBUCKET_STATE: make ``vb`` ``state`` here (and feed it from ``source``).
+
+        Raises:
+            NotMyVbucket: no such vbucket.
+            InvalidArguments: unknown options, a malformed source, takeover without one.
+        """
+        bucket = self._server.bucket
+        if not 0 <= vb < bucket.num_vbuckets:
+            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
+        unknown = set(options) - _OPTION_KEYS
+        if unknown:
+            raise InvalidArguments(Status.EINVAL, f"unknown options {sorted(unknown)}")
+        source = options.get("source")
+        takeover = options.get("takeover", False)
+        if source is not None:
+            if not isinstance(source, str):
+                raise InvalidArguments(Status.EINVAL, "source must be a string HOST:PORT")
+            try:
+                parse_address(source)
+            except ValueError as exc:
+                raise InvalidArguments(Status.EINVAL, f"source: {exc}") from None
+        if not isinstance(takeover, bool):
+            raise InvalidArguments(Status.EINVAL, "takeover must be true or false")
+        if state not in _FED and (source or takeover):
+            raise InvalidArguments(Status.EINVAL, f"a {state.name.lower()} vbucket has no source")
+        if takeover and not source:
+            raise InvalidArguments(Status.EINVAL, "takeover needs a source")
+        if state in _FED and source is None:
+            old = self._assignment.get(vb)
+            source = old.source if old is not None else None
+        self._assignment[vb] = Assignment(state, source, takeover)
+        self._dirty.set()
+        self._reconcile()
+
+    def assignment(self, vb: int) -> Assignment | None:
+        return self._assignment.get(vb)
+
+    def _reconcile(self) -> None:
+        if self.manager is not None:
+            self.manager.reconcile(dict(self._assignment))
+        else:  # no replication running (tests of the handlers): states only
+            for vb, a in self._assignment.items():
+                self.set_state(vb, a.state)
+
+    # ------------------------------------------------------------------ ReplicaTarget
+
+    def state(self, vb: int) -> VBucketState:
+        return self._server.bucket.vbucket(vb).state
+
+    def set_state(self, vb: int, state: VBucketState, *, takeover: bool = False) -> None:
+        changed = self._server.bucket.vbucket(vb).set_state(state, takeover=takeover)
+        if not changed:
+            return
+        log.info("vb %d is now %s%s", vb, state.name.lower(), " (takeover)" if takeover else "")
+        if takeover and state == VBucketState.ACTIVE:
+            self._assignment[vb] = Assignment(VBucketState.ACTIVE)
+            self._dirty.set()
+        self._server.stream_registry.end_streams(vb, StreamEndStatus.STATE_CHANGED)
+        self._server.stream_registry.wake_dirty()
+
+    def position(self, vb: int) -> tuple[int, int, int, int]:
+        return self._server.bucket.vbucket(vb).replication_position()
+
+    def adopt_failover_log(self, vb: int, entries: list[tuple[int, int]]) -> None:
+        self._server.bucket.vbucket(vb).adopt_failover_log(entries)
+
+    def apply_snapshot(self, vb: int, start: int, end: int, flags: int, items: list[Item]) -> None:
+        self._server.bucket.vbucket(vb).apply_snapshot(start, end, flags, items)
+        self._server.stream_registry.wake_dirty()  # its streams, and the flusher
+
+    async def rollback(self, vb: int, seqno: int) -> int:
+        server = self._server
+        server.stream_registry.end_streams(vb, StreamEndStatus.ROLLBACK)
+        reached = await server.persistence.rollback(vb, seqno)
+        # streams opened while the disk was rolled back read the discarded checkpoints
+        server.stream_registry.end_streams(vb, StreamEndStatus.ROLLBACK)
+        server.metrics.replica_rollbacks += 1
+        return reached
+
+    # ------------------------------------------------------------------ remembering sources
+
+    def _load_sources(self) -> dict[int, str]:
+        try:
+            data = json.loads(self._path.read_text())
+            return {int(vb): str(src) for vb, src in data.get("sources", {}).items()}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("ignoring %s: %s", self._path, exc)
+            return {}
+
+    def _save_sources(self, sources: dict[int, str]) -> None:
+        tmp = self._path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"sources": {str(k): v for k, v in sources.items()}}))
+        os.replace(tmp, self._path)
+
+    async def run(self) -> None:
+        """Write the sources whenever they changed (at most every 0.2 s), until cancelled."""
+        while True:
+            await self._dirty.wait()
+            self._dirty = trio.Event()
+            sources = {vb: a.source for vb, a in self._assignment.items() if a.source}
+            try:
+                await trio.to_thread.run_sync(self._save_sources, sources)
+            except OSError as exc:
+                log.error("cannot write %s: %s", self._path, exc)
+            await trio.sleep(0.2)
