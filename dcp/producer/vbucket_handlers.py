@@ -2,7 +2,7 @@
 
 Rules of this module:
 - Handlers are synchronous and queue exactly one response, as kv_handlers.py's do. The
-  layouts are protocol_spec/README.md's (§ "vbucket states"): SET_VBUCKET_STATE has one
+  layouts are protocol_spec/README.md's (6.6, "vbucket states"): SET_VBUCKET_STATE has one
   byte of extras (the state) and an optional JSON value (our options: a replication
   source, a takeover); GET_VBUCKET answers the state as a 4-byte big-endian value.
 - Bad frames (extras, key, a value that is not a JSON object or not marked JSON, an
