@@ -7,6 +7,7 @@ import time
 
 import trio
 
+from dcp.producer.engine.item import Item
 from dcp.producer.replication import Assignment, ReplicationManager
 from dcp.producer.server import DcpServer
 from dcp.protocol.opcodes import VBucketState
@@ -171,9 +172,8 @@ async def test_rollback_to_the_sources_answer_then_stream_again(tmp_path):
         assert all(r[0] <= server.bucket.vbucket(0).high_seqno for r in target.rows(0))
 
 
-def _moved(it, seqno: int):  # noqa: ANN001, ANN202 - an Item at another seqno
-    from dcp.producer.engine.item import Item
-
+def _moved(it: Item, seqno: int) -> Item:
+    """A made-up change at ``seqno`` (a tail the source never had)."""
     return Item(it.vbucket, seqno, it.rev_seqno, it.cas, 0, 0, 0, b"ghost", b"x", 0x57, 0, b"")
 
 

@@ -182,13 +182,13 @@ class Link:
         if opened.status != Status.SUCCESS:
             raise LinkLost(f"DCP_OPEN refused: {for_status(opened.status, bytes(opened.value))}")
         if hello.status != Status.SUCCESS:
-            log.warning("replication %s: HELLO refused (status 0x%02x)", name, hello.status)
+            log.warning("%s: HELLO refused (status 0x%02x)", name, hello.status)
         ok = {
             k: f.status == Status.SUCCESS for (k, _), f in zip(controls, answers[2:], strict=True)
         }
         for key, accepted in ok.items():
             if not accepted:
-                log.warning("replication %s: the source refused control %s", name, key)
+                log.warning("%s: the source refused control %s", name, key)
         if noop_interval and ok["enable_noop"] and ok["set_noop_interval"]:
             self.probe_after = noop_interval
         if window and not ok["connection_buffer_size"]:

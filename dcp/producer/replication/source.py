@@ -111,11 +111,11 @@ class SourceConnection:
                 except (LinkLost, RemoteProtocolError) as exc:
                     failures = 1 if self.connected else failures + 1
                     if str(exc) != self.last_error:
-                        log.warning("replication %s: %s; reconnecting", self.name, exc)
+                        log.warning("%s: %s; reconnecting", self.name, exc)
                     self.last_error = str(exc)
                 except Exception as exc:  # a bug must not take the node down: reconnect
                     failures = 1 if self.connected else failures + 1
-                    log.exception("replication %s: unexpected error", self.name)
+                    log.exception("%s: unexpected error", self.name)
                     self.last_error = repr(exc)
                 else:
                     failures = 0
@@ -141,7 +141,7 @@ class SourceConnection:
                 raise LinkLost(f"handshake timed out after {cfg.connect_timeout:g}s") from None
             self.connected = True
             if self.last_error is not None:
-                log.info("replication %s: connected", self.name)
+                log.info("%s: connected", self.name)
                 self.last_error = None
             async with trio.open_nursery() as nursery:
 

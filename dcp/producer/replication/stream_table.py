@@ -219,7 +219,7 @@ class StreamTable:
         if delay is None:
             delay = st.delay(cfg.backoff_initial, cfg.backoff_max)
         if why is not None:
-            log.info("replication %s vb %d: %s; again in %.2fs", self.name, st.vb, why, delay)
+            log.info("%s vb %d: %s; again in %.2fs", self.name, st.vb, why, delay)
         heapq.heappush(self.due, (trio.current_time() + delay, st.vb, st.gen))
         self.due_wake.set()
 
@@ -234,7 +234,7 @@ class StreamTable:
 
     def _bad(self, st: ReplicaStream, why: str) -> None:
         log.error(
-            "replication %s vb %d: bad input from the source: %s; stream closed",
+            "%s vb %d: bad input from the source: %s; stream closed",
             self.name,
             st.vb,
             why,
@@ -324,9 +324,7 @@ class StreamTable:
             try:
                 got = await self.target.rollback(st.vb, seqno)
             except (ValueError, StatusError) as exc:
-                log.error(
-                    "replication %s vb %d: rollback to %d failed: %s", self.name, st.vb, seqno, exc
-                )
+                log.error("%s vb %d: rollback to %d failed: %s", self.name, st.vb, seqno, exc)
                 got = None
         if st.gen != gen or self.streams.get(st.vb) is not st:
             return  # dropped or re-requested meanwhile
@@ -334,7 +332,7 @@ class StreamTable:
             self._retry(st)
             return
         log.info(
-            "replication %s vb %d: the source asked for a rollback to %d; rolled back to %d",
+            "%s vb %d: the source asked for a rollback to %d; rolled back to %d",
             self.name,
             st.vb,
             seqno,
@@ -349,7 +347,7 @@ class StreamTable:
             return
         if e.status != st.refused:
             log.warning(
-                "replication %s vb %d: stream request refused: %s (retrying)",
+                "%s vb %d: stream request refused: %s (retrying)",
                 self.name,
                 st.vb,
                 _name(Status, e.status),
@@ -375,7 +373,7 @@ class StreamTable:
         link.send(link.session.ack_state(e))
         if state == VBucketState.ACTIVE:
             st.finishing = True
-            log.info("replication %s vb %d: takeover done, active here", self.name, st.vb)
+            log.info("%s vb %d: takeover done, active here", self.name, st.vb)
         self.on_state(st.vb, state)
 
 
