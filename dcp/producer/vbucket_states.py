@@ -154,7 +154,15 @@ class VBucketStates:
         self._server.stream_registry.wake_dirty()  # its streams, and the flusher
 
     async def rollback(self, vb: int, seqno: int) -> int:
+        """Roll back to ``seqno``, except a rollback to 0 asked of a replica whose newest
+        failover entry starts at its high seqno: that entry is dropped instead and the
+        data kept, so the next request names the previous branch (the source may know
+        it: the entry was added by this node's own warm-up after a crash). Only when no
+        older branch is left does it reset."""
         server = self._server
+        if seqno == 0 and server.bucket.vbucket(vb).drop_newest_failover_entry():
+            log.info("vb %d: source does not know our newest branch; asking with the previous", vb)
+            return server.bucket.vbucket(vb).high_seqno
         server.stream_registry.end_streams(vb, StreamEndStatus.ROLLBACK)
         reached = await server.persistence.rollback(vb, seqno)
         # streams opened while the disk was rolled back read the discarded checkpoints

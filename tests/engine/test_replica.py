@@ -239,3 +239,20 @@ def test_rollback_of_an_active_vbucket_is_refused(bucket: Bucket) -> None:
     bucket.set(0, b"a", b"v")
     with pytest.raises(NotMyVbucket):
         bucket.rollback(0, 0)
+
+
+def test_dropping_the_newest_branch_keeps_the_data(open_bucket: Callable[..., Bucket]) -> None:
+    # an active vbucket crashed: warm-up adds an entry at its persisted end; restarted as a
+    # replica, its source does not know that entry, so it asks again with the older one
+    bucket = open_bucket()
+    bucket.set(0, b"a", b"v")
+    bucket.flusher.flush_all()
+    bucket.close(clean=False)
+    again = open_bucket()
+    vb = again.vbucket(0)
+    assert [s for _, s in vb.failover_log.entries] == [1, 0]
+    vb.set_state(R)
+    older = vb.failover_log.entries[1][0]
+    assert vb.drop_newest_failover_entry()
+    assert vb.replication_position() == (1, 1, 1, older) and vb.high_seqno == 1
+    assert not vb.drop_newest_failover_entry()  # the last entry stays

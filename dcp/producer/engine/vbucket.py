@@ -453,6 +453,18 @@ class VBucket:
             self.failover_log.entries = new
             self._state_changed()
 
+    def drop_newest_failover_entry(self) -> bool:
+        """Forget the newest failover entry if it starts at the high seqno and an older
+        one exists (a replica whose source does not know that branch: the entry its own
+        warm-up added after a crash). Its next stream request then names the previous
+        branch, which the source may know; True when an entry was dropped."""
+        entries = self.failover_log.entries
+        if len(entries) < 2 or entries[0][1] != self.high_seqno or self.state is _ACTIVE:
+            return False
+        del entries[0]
+        self._state_changed()
+        return True
+
     def replication_position(self) -> tuple[int, int, int, int]:
         """(start, snap_start, snap_end, vb_uuid) of this replica's stream request: its
         high seqno is a whole snapshot's end, and uuid 0 at seqno 0 asks for everything."""
