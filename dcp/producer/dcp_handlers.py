@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..protocol import codec
-from ..protocol.errors import RemoteProtocolError
+from ..protocol.errors import RemoteProtocolError, StatusError
 from ..protocol.events import Rejected, StateAcked
 from ..protocol.frames import Frame
 from ..protocol.opcodes import (
@@ -241,7 +241,7 @@ def stream_req(conn: Connection, f: Frame) -> None:
         on_backfill=server.backfills.start,
     )
     if takeover:
-        stream.takeover = Takeover(stream, server.stream_registry)
+        stream.takeover = Takeover(stream, server.stream_registry, _recorder(server))
     conn.respond(
         codec.response(
             Opcode.DCP_STREAM_REQ,
@@ -267,6 +267,22 @@ def stream_req(conn: Connection, f: Frame) -> None:
         # fully persisted checkpoint and turn a memory stream into a needless backfill.
         vb.checkpoints.create_checkpoint()
     conn.announce_stream(stream)
+
+
+def _recorder(server: Any) -> Callable[[int, VBucketState], None] | None:
+    """How a takeover records the states it gives its vbucket with the node's assignment
+    (``server.vbucket_states.set``), so a later reconcile keeps them (takeover.py)."""
+    states = getattr(server, "vbucket_states", None)
+    if states is None:
+        return None
+
+    def record(vb: int, state: VBucketState) -> None:
+        try:
+            states.set(vb, state, {})
+        except StatusError as exc:
+            log.error("takeover vb=%d: could not record state %s: %s", vb, state.name, exc)
+
+    return record
 
 
 def close_stream(conn: Connection, f: Frame) -> None:

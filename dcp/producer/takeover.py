@@ -21,8 +21,10 @@ Rules of this module:
   caught up, so writes are refused for the shortest time; as PENDING refuses writes,
   what is drained after it is only what was queued before.
 - The state changes it makes are real state changes of the vbucket: every other producer
-  stream of the vbucket ends with StateChanged (``StreamRegistry.end_streams``), and the
-  engine persists the state like any other.
+  stream of the vbucket ends with StateChanged (``StreamRegistry.end_streams``), the
+  flusher is woken to persist the state, and ``on_state`` records it with the node's
+  assignment (``server.vbucket_states``, after the engine has it, so that nothing is
+  changed twice): a later reconcile of the assignment must not undo a hand-over.
 - If the stream goes away before the end (connection lost, consumer refusal, close,
   shutdown; ``released``): a source this takeover left PENDING is ACTIVE again, with no
   new failover entry (nothing was handed over, the history is unchanged); a source that
@@ -33,6 +35,7 @@ Rules of this module:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -64,17 +67,27 @@ _P = TakeoverPhase
 class Takeover:
     """The hand-over state of one takeover stream (see the module rules)."""
 
-    __slots__ = ("phase", "registry", "stream")
+    __slots__ = ("on_state", "phase", "registry", "stream")
 
-    def __init__(self, stream: ActiveStream, registry: StreamRegistry) -> None:
+    def __init__(
+        self,
+        stream: ActiveStream,
+        registry: StreamRegistry,
+        on_state: Callable[[int, VBucketState], None] | None = None,
+    ) -> None:
         self.stream = stream
         self.registry = registry
+        #: told (vbid, state) after each state change this takeover made
+        self.on_state = on_state
         self.phase = _P.STREAMING
 
     def _set_state(self, state: VBucketState, *, takeover: bool = False) -> None:
         stream = self.stream
         stream.vbucket.set_state(state, takeover=takeover)
         ended = self.registry.end_streams(stream.vbid, StreamEndStatus.STATE_CHANGED, keep=stream)
+        self.registry.wake_dirty()  # the flusher persists the new state
+        if self.on_state is not None:
+            self.on_state(stream.vbid, state)
         log.info(
             "takeover %s vb=%d: source is %s (other streams ended: %d)",
             stream.name,

@@ -159,3 +159,24 @@ async def test_takeover_of_an_empty_vbucket_and_a_stray_ack(server, client) -> N
         end = await dcp.read_stream_until(lambda f: f.opcode == Opcode.DCP_STREAM_END)
         assert codec.parse_stream_end(end[-1]) == StreamEndStatus.OK
     assert await _vb_state(client) == VBucketState.DEAD
+
+
+async def test_a_later_reconcile_of_the_assignment_keeps_the_source_dead(server, client) -> None:
+    # vb 1 is in the node's assignment as active (an explicit SET_VBUCKET_STATE active, as a
+    # promotion leaves it); after the hand-over, a state change of another vbucket makes
+    # the node reconcile its whole assignment: it must not make vb 1 active again.
+    op = next(client.opaques)
+    r = await client.call(codec.set_vbucket_state(VB, VBucketState.ACTIVE, op), op)
+    assert r.status == Status.SUCCESS
+    await client.set_many([(k, b"v") for k in keys_for_vb(VB, 3, 4)])
+    async with client_of(server) as dcp:
+        await _start_takeover(server, dcp, "kept")
+        (pending,) = (await dcp.read_stream_until(_is_state, ack=True))[-1:]
+        await dcp.send(codec.response(_SET_STATE, opaque=pending.opaque))
+        (active,) = (await dcp.read_stream_until(_is_state, ack=True))[-1:]
+        await dcp.send(codec.response(_SET_STATE, opaque=active.opaque))
+        await dcp.read_stream_until(lambda f: f.opcode == Opcode.DCP_STREAM_END)
+    op = next(client.opaques)
+    r = await client.call(codec.set_vbucket_state(2, VBucketState.REPLICA, op), op)
+    assert r.status == Status.SUCCESS
+    assert await _vb_state(client) == VBucketState.DEAD
