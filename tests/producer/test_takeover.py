@@ -16,7 +16,7 @@ from dcp.producer.server import DcpServer
 from dcp.protocol import Frame, Opcode, Status, StreamEndStatus, StreamRequestFlag, codec
 from dcp.protocol.opcodes import VBucketState
 
-from .conftest import client_of
+from .conftest import client_of, running_server
 from .wire import WireClient, items_of, keys_for_vb
 
 VB = 1
@@ -180,3 +180,29 @@ async def test_a_later_reconcile_of_the_assignment_keeps_the_source_dead(server,
     r = await client.call(codec.set_vbucket_state(2, VBucketState.REPLICA, op), op)
     assert r.status == Status.SUCCESS
     assert await _vb_state(client) == VBucketState.DEAD
+
+
+async def test_two_nodes_move_a_vbucket_by_set_vbucket_state_takeover(tmp_path) -> None:
+    # The whole move between two in-process servers: B is told to take vb 1 from A;
+    # B's replication opens the TAKEOVER stream and answers A's state messages.
+    async with (
+        running_server(tmp_path / "a") as a,
+        running_server(tmp_path / "b") as b,
+        client_of(a) as ca,
+        client_of(b) as cb,
+    ):
+        keys = keys_for_vb(VB, 50, 4)
+        await ca.set_many([(k, f"v{i}".encode()) for i, k in enumerate(keys)])
+        opts = {"source": f"127.0.0.1:{a.port}", "takeover": True}
+        op = next(cb.opaques)
+        r = await cb.call(codec.set_vbucket_state(VB, VBucketState.REPLICA, op, opts), op)
+        assert r.status == Status.SUCCESS
+        await _until_state(cb, VBucketState.ACTIVE, timeout=15)
+        assert await _vb_state(ca) == VBucketState.DEAD
+        va, vb_ = a.bucket.vbucket(VB), b.bucket.vbucket(VB)
+        assert vb_.high_seqno == va.high_seqno == 50
+        assert list(vb_.failover_log.entries) == list(va.failover_log.entries)
+        assert (await ca.store(Opcode.SET, keys[0], b"x")).status == Status.NOT_MY_VBUCKET
+        got = await cb.get(keys[7])
+        assert got.status == Status.SUCCESS and bytes(got.value) == b"v7"
+        await cb.set(keys[0], b"new")
