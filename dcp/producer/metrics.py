@@ -187,6 +187,60 @@ class MetricsCollector:
             "Items in the flusher's committed batches",
             value=b.flusher.items_written,
         )
+        yield from _replication_metrics(s)
+
+
+def _replication_metrics(s: ServerView) -> Iterator[Metric]:
+    """vbuckets by state; per source node: connected, bytes, items, snapshots, rollbacks,
+    reconnects and the lag (seqnos behind, summed and the worst vbucket's)."""
+    b = s.bucket
+    states = GaugeMetricFamily("dcp_vbuckets", "vbuckets by state", labels=["state"])
+    counts: Counter[str] = Counter(b.vbucket(vb).state.name.lower() for vb in range(b.num_vbuckets))
+    for state in ("active", "replica", "pending", "dead"):
+        states.add_metric([state], counts.get(state, 0))
+    yield states
+    lag_sum: Counter[str] = Counter()
+    lag_max: Counter[str] = Counter()
+    for vb in range(b.num_vbuckets):
+        info = s.replication_of(vb)
+        if info:
+            src, lag = info["source"], info["lag"]
+            lag_sum[src] += lag
+            lag_max[src] = max(lag_max[src], lag)
+    sources = s.replication_sources()
+    lag = GaugeMetricFamily(
+        "dcp_replication_lag_seqnos",
+        "Seqnos replicas are behind, summed per source",
+        labels=["source"],
+    )
+    worst = GaugeMetricFamily(
+        "dcp_replication_lag_max_seqnos",
+        "The most-behind replica vbucket per source",
+        labels=["source"],
+    )
+    up = GaugeMetricFamily(
+        "dcp_replication_connected", "Source connection up (1)", labels=["source"]
+    )
+    families = {
+        key: CounterMetricFamily(f"dcp_replication_{key}", help_, labels=["source"])
+        for key, help_ in (
+            ("bytes_received", "Bytes received from the source"),
+            ("items_applied", "Items applied to replica vbuckets"),
+            ("snapshots_applied", "Whole snapshots applied to replica vbuckets"),
+            ("rollbacks", "Replica rollbacks the source asked for"),
+            ("reconnects", "Reconnects to the source"),
+        )
+    }
+    for src, st in sorted(sources.items()):
+        lag.add_metric([src], lag_sum[src])
+        worst.add_metric([src], lag_max[src])
+        up.add_metric([src], 1 if st.get("connected") else 0)
+        for key, fam in families.items():
+            fam.add_metric([src], st.get(key, 0))
+    yield lag
+    yield worst
+    yield up
+    yield from families.values()
 
 
 def render(server: ServerView) -> bytes:

@@ -178,6 +178,24 @@ def _dcp(server: ServerView) -> Iterator[Pairs]:
         ("ep_dcp_total_bytes", server.metrics.bytes_out),
         ("ep_dcp_stream_count", sum(len(c.streams) for c in producers)),
     ]
+    sources = server.replication_sources()
+    if sources:  # this node as a replica: what it receives from its sources
+        lags = [
+            i["lag"] for i in map(server.replication_of, range(server.bucket.num_vbuckets)) if i
+        ]
+        yield [
+            ("ep_dcp_replica_sources", len(sources)),
+            (
+                "ep_dcp_replica_bytes_received",
+                sum(v.get("bytes_received", 0) for v in sources.values()),
+            ),
+            (
+                "ep_dcp_replica_items_applied",
+                sum(v.get("items_applied", 0) for v in sources.values()),
+            ),
+            ("ep_dcp_replica_lag", sum(lags)),
+            ("ep_dcp_replica_lag_max", max(lags, default=0)),
+        ]
     for c in producers:
         prefix = f"eq_dcpq:{c.dcp_name}"
         out: Pairs = [(f"{prefix}:{k}", v) for k, v in c.statistics().items()]
