@@ -40,7 +40,7 @@ from typing import Any
 from ..protocol import codec
 from ..protocol.opcodes import SnapshotMarkerFlag, StreamEndStatus
 from .engine.checkpoint import WireRun
-from .stream_frames import FrameWriter, cut_segments
+from .stream_frames import FrameWriter, StreamOptions, cut_segments
 
 __all__ = ["ActiveStream", "StreamOptions", "StreamState"]
 
@@ -63,37 +63,6 @@ _ALLOWED = {
     StreamState.IN_MEMORY: {StreamState.BACKFILLING, StreamState.DEAD},
     StreamState.DEAD: set(),
 }
-
-
-class StreamOptions:
-    """Per-connection choices that shape every frame of its streams."""
-
-    __slots__ = (
-        "expiry_opcode",
-        "include_delete_times",
-        "keep_datatype",
-        "no_value",
-        "seqno_advanced",
-    )
-
-    def __init__(
-        self,
-        *,
-        no_value: bool = False,
-        include_delete_times: bool = False,
-        expiry_opcode: bool = False,
-        keep_datatype: bool = False,
-        seqno_advanced: bool = False,
-    ) -> None:
-        self.no_value = no_value
-        #: control ``send_seqno_advanced``: end a disk snapshot whose last seqno has no
-        #: item (a purged tombstone) with DCP_SEQNO_ADVANCED, so the client knows it is
-        #: complete without waiting for the vbucket's next change.
-        self.seqno_advanced = seqno_advanced
-        #: Open flag 0x40: the value is stripped but the datatype reports the stored one.
-        self.keep_datatype = keep_datatype
-        self.include_delete_times = include_delete_times
-        self.expiry_opcode = expiry_opcode
 
 
 class _Marker:

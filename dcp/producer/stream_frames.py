@@ -14,6 +14,8 @@ Rules of this module:
 - With ``count_disk`` (the stream still has disk bytes charged) both return the bytes
   to count out, exactly as ``push_backfill_*`` charged them, or a backfill would keep
   its connection's slot forever (``Backfills.run``); the stream counts them out.
+- ``StreamOptions`` are the connection's choices that shape every frame a writer
+  writes (kept here, beside their only reader; active_stream.py re-exports them).
 - Wire sizes come from ``dcp.protocol.layout``: the header struct, the mutation extras'
   size and ``MUTATION_FRAME_OVERHEAD`` (the per-item charge of a disk item).
 """
@@ -28,12 +30,43 @@ from ..protocol.layout import HEADER, HEADER_SIZE, MUTATION_EXTRAS, MUTATION_FRA
 from ..protocol.opcodes import Opcode
 from .engine.checkpoint import WireRun
 
-__all__ = ["FrameWriter", "cut_segments"]
+__all__ = ["FrameWriter", "StreamOptions", "cut_segments"]
 
 _HDR = HEADER.pack
 _MUT_EXTRAS = MUTATION_EXTRAS.size
 _MUT = Opcode.DCP_MUTATION
 _EXP = Opcode.DCP_EXPIRATION
+
+
+class StreamOptions:
+    """Per-connection choices that shape every frame of its streams."""
+
+    __slots__ = (
+        "expiry_opcode",
+        "include_delete_times",
+        "keep_datatype",
+        "no_value",
+        "seqno_advanced",
+    )
+
+    def __init__(
+        self,
+        *,
+        no_value: bool = False,
+        include_delete_times: bool = False,
+        expiry_opcode: bool = False,
+        keep_datatype: bool = False,
+        seqno_advanced: bool = False,
+    ) -> None:
+        self.no_value = no_value
+        #: control ``send_seqno_advanced``: end a disk snapshot whose last seqno has no
+        #: item (a purged tombstone) with DCP_SEQNO_ADVANCED, so the client knows it is
+        #: complete without waiting for the vbucket's next change.
+        self.seqno_advanced = seqno_advanced
+        #: Open flag 0x40: the value is stripped but the datatype reports the stored one.
+        self.keep_datatype = keep_datatype
+        self.include_delete_times = include_delete_times
+        self.expiry_opcode = expiry_opcode
 
 
 class FrameWriter:
