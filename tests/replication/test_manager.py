@@ -131,3 +131,34 @@ async def test_takeover_applies_the_sources_states_acks_them_and_finishes():
     assert seen_at_ack == [PENDING, ACTIVE]  # each ack came after the state was set
     assert [i.seqno for i in target.items[0]] == [1, 2]
     assert p.requests[1].flags == 0 and p.requests[1].start_seqno == 2
+
+
+async def test_a_bad_source_address_is_refused_before_anything_changes():
+    target = FakeTarget(2)
+    mgr = manager(target)
+    for bad in ("nohost", "host:", "host:0", "host:99999", ":11210"):
+        try:
+            mgr.reconcile({0: Assignment(REPLICA), 1: Assignment(REPLICA, bad)})
+        except ValueError as exc:
+            assert "HOST:PORT" in str(exc)
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+    assert target.calls == [] and mgr.assignment() == {}
+
+
+async def test_an_unreachable_source_is_retried_with_backoff_and_shown_disconnected():
+    with trio.socket.socket() as s:  # a port nobody listens on
+        await s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        target = FakeTarget(1)
+        mgr = manager(target)
+        source = f"127.0.0.1:{port}"
+        async with trio.open_nursery() as n:
+            await n.start(mgr.run)
+            mgr.reconcile({0: Assignment(REPLICA, source)})
+            await wait_until(lambda: mgr.stats()["sources"][source]["reconnects"] >= 3)
+            info = mgr.vbucket_info(0)
+            assert info is not None and info["connected"] is False
+            assert info["stream"] == "backoff"
+            assert dict(mgr.stat_pairs())[f"source:{source}:connected"] == "false"
+            n.cancel_scope.cancel()

@@ -3,6 +3,7 @@ items and snapshots, failover log adopted, resume, rollback, reconnect mid-snaps
 
 from __future__ import annotations
 
+import logging
 import time
 
 import trio
@@ -177,7 +178,7 @@ def _moved(it: Item, seqno: int) -> Item:
     return Item(it.vbucket, seqno, it.rev_seqno, it.cas, 0, 0, 0, b"ghost", b"x", 0x57, 0, b"")
 
 
-async def test_a_connection_cut_mid_snapshot_applies_nothing_of_it_and_resumes(tmp_path):
+async def test_a_connection_cut_mid_snapshot_applies_nothing_of_it_and_resumes(tmp_path, caplog):
     async with source_server(tmp_path / "src", num_vbuckets=1) as server:
         b = server.bucket
         for i in range(3000):
@@ -202,3 +203,4 @@ async def test_a_connection_cut_mid_snapshot_applies_nothing_of_it_and_resumes(t
             assert [item_row(i) for i in items] == want
             prev = end
         assert not target.refused
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -83,7 +83,10 @@ class Link:
     async def connect(
         cls, open_stream: OpenStream, addr: str, session: ClientSession, timeout: float
     ) -> Link:
-        host, port = split_address(addr)
+        try:
+            host, port = split_address(addr)
+        except ValueError as exc:
+            raise LinkLost(str(exc)) from exc
         try:
             with trio.fail_after(timeout):
                 stream = await open_stream(host, port)

@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from ...protocol.opcodes import VBucketState
-from .link import OpenStream, SourceSettings
+from .link import OpenStream, SourceSettings, split_address
 from .source import SourceConnection
 from .target import Assignment, ReplicaTarget
 
@@ -98,8 +98,16 @@ class ReplicationManager:
                 self._nursery = None
 
     def reconcile(self, assignment: Mapping[int, Assignment]) -> None:
-        """Make states and streams follow ``assignment`` (see the module rules)."""
+        """Make states and streams follow ``assignment`` (see the module rules).
+
+        Raises:
+            ValueError: a state that is not a ``VBucketState`` or a source that is not
+                ``HOST:PORT`` (checked before anything changes).
+        """
         new = {int(vb): Assignment(VBucketState(a[0]), *a[1:]) for vb, a in assignment.items()}
+        for a in new.values():
+            if a.source is not None:
+                split_address(a.source)
         for table in (self._handover, self._done):
             for vb in [vb for vb, a in table.items() if new.get(vb) != a]:
                 del table[vb]
@@ -117,11 +125,10 @@ class ReplicationManager:
                 if vb not in wanted:
                     conn.drop(vb)
         for source, vbs in want.items():
-            conn = self._sources.get(source)
-            if conn is None:
-                conn = self._sources[source] = self._new_connection(source)
+            if source not in self._sources:
+                self._sources[source] = self._new_connection(source)
             for vb, takeover in vbs.items():
-                conn.want(vb, takeover)
+                self._sources[source].want(vb, takeover)
         self._sync_tasks()
 
     def _new_connection(self, source: str) -> SourceConnection:

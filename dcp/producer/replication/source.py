@@ -115,7 +115,8 @@ class SourceConnection:
                     self.last_error = str(exc)
                 except Exception as exc:  # a bug must not take the node down: reconnect
                     failures = 1 if self.connected else failures + 1
-                    log.exception("%s: unexpected error", self.name)
+                    if repr(exc) != self.last_error:  # once, not at every retry
+                        log.exception("%s: unexpected error; reconnecting", self.name)
                     self.last_error = repr(exc)
                 else:
                     failures = 0
