@@ -79,6 +79,7 @@ async def test_takeover_hands_over_every_acknowledged_write(server, client) -> N
         assert await _vb_state(client) == VBucketState.PENDING
         (late,) = keys_for_vb(VB, 1, 4, prefix="late")
         assert (await client.store(Opcode.SET, late, b"x")).status == Status.ETMPFAIL
+        assert (await client.get(keys[0])).status == Status.ETMPFAIL
         assert not refused or refused == [Status.ETMPFAIL]
         # ... and the vbucket's other streams ended StateChanged
         ended = await other.read_stream_until(lambda f: f.opcode == Opcode.DCP_STREAM_END)
