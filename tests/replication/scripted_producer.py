@@ -39,6 +39,7 @@ class ProducerConn:
         self._changed = trio.Event()
         self._send_lock = trio.StrictFIFOLock()
         self.closed = False
+        self.silent = False  # ignore everything the replica sends (a hung source)
 
     async def send(self, *frames: bytes) -> None:
         """Send (nothing if the replica already closed the connection)."""
@@ -106,6 +107,8 @@ class ScriptedProducer:
             await trio.aclose_forcefully(stream)
 
     async def _frame(self, conn: ProducerConn, f: Frame, n: trio.Nursery) -> None:
+        if conn.silent:
+            return
         if f.magic == 0x81:
             conn.got_response(f)
             return

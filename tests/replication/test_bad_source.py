@@ -208,3 +208,20 @@ async def test_handshake_flow_control_acks_and_refusals_logged_once(caplog):
     assert len(p.requests) == 4
     refused = [r for r in caplog.records if "refused" in r.getMessage()]
     assert len(refused) == 1 and "NOT_MY_VBUCKET" in refused[0].getMessage()
+
+
+async def test_a_silent_source_is_dropped_after_two_noop_intervals_and_reconnected():
+    target = FakeTarget(1)
+    async with ScriptedProducer(good_then(b"")).running() as p:
+        mgr = manager(target, noop_interval=0.2)
+        async with trio.open_nursery() as n:
+            await n.start(mgr.run)
+            mgr.reconcile({0: Assignment(REPLICA, p.address)})
+            await wait_until(lambda: target.high[0] == 2)
+            p.conns[0].silent = True  # hangs: no noops, no answer to the probe
+            t0 = trio.current_time()
+            await wait_until(lambda: p.connections == 2)
+            assert trio.current_time() - t0 >= 0.4  # 2 x noop interval of silence
+            await wait_until(lambda: target.high[0] == 4)  # resumed from 2 on the new one
+            n.cancel_scope.cancel()
+    assert [r.start_seqno for r in p.requests] == [0, 2]
