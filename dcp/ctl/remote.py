@@ -210,7 +210,7 @@ class Remote:
         self._check(f, f"GET_VBUCKET {vb}")
         value = bytes(f.value)
         code = int.from_bytes(value, "big") if len(value) == 4 else 0
-        if code not in VBucketState._value2member_map_:
+        if code not in {int(v) for v in VBucketState}:
             raise CtlError(
                 f"{self.where} answered GET_VBUCKET {vb} with {value.hex() or 'nothing'}, "
                 "not a vbucket state"

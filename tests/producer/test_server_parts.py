@@ -152,6 +152,12 @@ class View:
     def streams_of(self, vbid: int) -> list[Any]:
         return []
 
+    def replication_of(self, vbid: int) -> dict[str, Any]:
+        return {}
+
+    def replication_sources(self) -> dict[str, dict[str, Any]]:
+        return {}
+
 
 @pytest.fixture
 def bucket(tmp_path: Path) -> Iterator[Bucket]:
