@@ -45,11 +45,18 @@ def test_the_replica_holds_exactly_what_was_written(doc: dict[str, Any]) -> None
     rep = doc["results"]["replication"]
     assert rep["ok"] is True
     rows = {row["name"]: row for row in rep["rows"]}
-    assert list(rows) == ["replication applied", "replication persisted", "replication lag"]
-    for run in rows["replication applied"]["ours"]["runs"]:
-        assert run["count"] == run["expected"] == doc["options"]["items"]
-        assert 0 < run["applied_s"] <= run["persisted_s"]
-        assert run["applied_rate"] >= run["persisted_rate"] > 0
+    assert list(rows) == [
+        "replication applied",
+        "replication persisted",
+        "replication catch-up",
+        "replication lag",
+    ]
+    for row in ("replication applied", "replication catch-up"):
+        for run in rows[row]["ours"]["runs"]:
+            assert run["count"] == run["expected"] == doc["options"]["items"]
+            assert 0 < run["applied_s"] <= run["persisted_s"]
+            assert run["applied_rate"] >= run["persisted_rate"] > 0
+    assert rep["catchup_rate"] == rows["replication catch-up"]["ours"]["median"]
     for run in rows["replication lag"]["ours"]["runs"]:
         assert run["count"] == run["expected"] > 0  # every write arrived from the replica
 

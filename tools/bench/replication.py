@@ -1,12 +1,15 @@
 """The ``replication`` scenario: one active ``dcp-server`` and one ``--replica-of`` it.
 
-Two measurements, each on a fresh pair of servers (fresh data directories, loopback):
+Three measurements, each on fresh servers (fresh data directories, loopback):
 
 - **throughput**: ``--items`` writes to the active, as fast as the pipelined ``KvClient``
   goes (the ``ours-writer`` worker); the bench polls both nodes' ``STAT vbucket-seqno``
   until the replica's high seqno, then its persisted seqno, equal the active's in every
   vbucket. Rates are items / (time from the first write to that moment), so they include
   the replica's catching up after the writer is done (which is the point).
+- **catch-up**: ``--items`` written to the active first, then a replica started and timed
+  until it holds and has persisted them all: the replica's own pace (a backfill of every
+  vbucket), which the throughput run cannot show when the writer is the slower side.
 - **lag**: writes at ``--rate`` per second for ``--seconds`` to the active while a DCP
   client streams from the *replica* and records when each write arrives (the
   ``ours-latency`` worker with ``dcp_port`` = the replica). Lag = arrival at that client
@@ -146,6 +149,60 @@ def _throughput_run(ctx: Ctx, items: int) -> dict[str, Any]:
         return _finish(res, replica, cpu0, items)  # server_* fields: the replica's
 
 
+def _catchup_run(ctx: Ctx, items: int) -> dict[str, Any]:
+    """The replica's own pace, not the writer's: ``items`` are written to the active
+    first, then a fresh replica is started and timed until it holds (then has persisted)
+    all of them — a backfill of every vbucket from the source's disk."""
+    sc = ctx.scratch()
+    servers: list[OurServer] = []
+    try:
+        active = ctx.server(sc, "active")
+        servers.append(active)
+        w = Worker(
+            "ours-writer",
+            ctx.wparams(port=active.port, items=items, batch=ctx.o.batch),
+            ctx.o.log_dir,
+        )
+        try:
+            w.expect("ready", 60)
+            w.send("go")
+            w.expect("result", ctx.o.timeout)
+        finally:
+            w.close()
+        target, _ = _seqnos(active.port, ctx.o.timeout)
+        t0 = time.perf_counter()
+        replica = ctx.server(sc, "replica", replica_of=f"127.0.0.1:{active.port}")
+        servers.append(replica)
+        cpu0 = replica.cpu_split()
+        applied_s = persisted_s = None
+        high: dict[int, int] = {}
+        while time.perf_counter() - t0 < ctx.o.timeout:
+            high, persisted = _seqnos(replica.port, ctx.o.timeout)
+            now = time.perf_counter() - t0
+            if applied_s is None and high == target:
+                applied_s = now
+            if applied_s is not None and persisted == target:
+                persisted_s = now
+                break
+            time.sleep(POLL)
+        if persisted_s is None or applied_s is None:
+            raise BenchError(f"the replica did not catch up within {ctx.o.timeout:g}s")
+        res = {
+            "count": sum(high.values()),
+            "expected": items,
+            "applied_s": applied_s,
+            "persisted_s": persisted_s,
+            "applied_rate": items / applied_s,
+            "persisted_rate": items / persisted_s,
+            "replica_errors": replica.errors()[-5:],
+        }
+        return _finish(res, replica, cpu0, items)
+    finally:
+        for srv in reversed(servers):
+            srv.stop()
+        sc.close()
+
+
 def _lag_run(ctx: Ctx) -> dict[str, Any]:
     with _pair(ctx) as (active, replica, source):
         wait_replicating(replica, source, ctx.o.vbuckets, ctx.o.timeout)
@@ -177,12 +234,15 @@ def replication(ctx: Ctx) -> dict[str, Any]:
     items = ctx.o.items
     tput: list[dict[str, Any]] = []
     lags: list[dict[str, Any]] = []
+    catchup: list[dict[str, Any]] = []
     for rep in range(ctx.o.reps):
         ctx.step(f"replication: throughput rep {rep + 1}/{ctx.o.reps}")
         tput.append(_throughput_run(ctx, items))
+        ctx.step(f"replication: catch-up rep {rep + 1}/{ctx.o.reps}")
+        catchup.append(_catchup_run(ctx, items))
         ctx.step(f"replication: lag rep {rep + 1}/{ctx.o.reps}")
         lags.append(_lag_run(ctx))
-    ok = all(r["count"] == r["expected"] for r in tput + lags)
+    ok = all(r["count"] == r["expected"] for r in tput + lags + catchup)
     params = {"items": items, "rate": ctx.o.rate, "seconds": ctx.o.seconds}
     rows = [
         _scenario(
@@ -208,6 +268,17 @@ def replication(ctx: Ctx) -> dict[str, Any]:
             key="persisted_rate",
         ),
         _scenario(
+            "replication catch-up",
+            "mutations/s applied by a replica started after the writes",
+            params,
+            catchup,
+            None,
+            None,
+            ctx,
+            ok,
+            key="applied_rate",
+        ),
+        _scenario(
             "replication lag",
             "active ack -> replica p99 (ms)",
             params,
@@ -219,7 +290,7 @@ def replication(ctx: Ctx) -> dict[str, Any]:
             key="p99_ms",
         ),
     ]
-    lag = rows[2]["ours"]
+    lag = rows[3]["ours"]
     lag["p50_ms"] = statistics.median(r["p50_ms"] for r in lags)
     lag["p99_ms"] = lag["median"]
     applied = rows[0]["ours"]["median"]
@@ -236,12 +307,14 @@ def replication(ctx: Ctx) -> dict[str, Any]:
         "ok": ok,
         "applied_rate": applied,
         "persisted_rate": rows[1]["ours"]["median"],
+        "catchup_rate": rows[2]["ours"]["median"],
         "writer_rate": statistics.median(r["writer_rate"] for r in tput),
         "lag_p50_ms": lag["p50_ms"],
         "lag_p99_ms": lag["p99_ms"],
         "goal_ratios": {
             # >= 1 means the goal is met
             "applied_vs_300k": applied / GOAL_APPLIED if applied else None,
+            "catchup_vs_300k": rows[2]["ours"]["median"] / GOAL_APPLIED,
             "lag_5ms_vs_p99": GOAL_LAG_P99_MS / max(lag["p99_ms"], 1e-3),
         },
     }

@@ -222,7 +222,8 @@ def print_table(doc: dict[str, Any], file: Any = None) -> None:
         console.print(
             f"replication: writer {_k(rep['writer_rate'])}/s to the active; replica applied "
             f"{_k(rep['applied_rate'])}/s ({g['applied_vs_300k']:.2f}x the 300 k/s goal), "
-            f"persisted {_k(rep['persisted_rate'])}/s; lag p50 {rep['lag_p50_ms']:.2f} ms, "
+            f"persisted {_k(rep['persisted_rate'])}/s; a replica started after the writes "
+            f"caught up at {_k(rep['catchup_rate'])}/s; lag p50 {rep['lag_p50_ms']:.2f} ms, "
             f"p99 {rep['lag_p99_ms']:.2f} ms (goal 5 ms: {g['lag_5ms_vs_p99']:.2f}x)"
         )
         for name, b in (rep.get("beside") or {}).items():
