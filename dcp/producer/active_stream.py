@@ -39,6 +39,7 @@ from typing import Any
 
 from ..protocol import codec
 from ..protocol.opcodes import SnapshotMarkerFlag, StreamEndStatus
+from . import stream_log
 from .engine.checkpoint import WireRun
 from .stream_frames import FrameWriter, StreamOptions, cut_segments
 
@@ -274,7 +275,8 @@ class ActiveStream:
                     frame = codec.stream_end(self.vbid, self.opaque, self.end_status)
                     buf += frame
                     buffer_log.record(len(frame))
-                    log.info(
+                    stream_log.count("ended")
+                    log.debug(
                         "stream end %s vb=%d status=%s last_sent=%d",
                         self.name,
                         self.vbid,
@@ -392,7 +394,8 @@ class ActiveStream:
     def _cursor_dropped(self) -> None:
         """Our memory cursor was dropped for memory: continue from disk, no gap."""
         self.cursor_drops += 1
-        log.info(
+        stream_log.count("cursor_dropped")
+        log.debug(
             "cursor dropped %s vb=%d last_sent=%d: falling back to backfill",
             self.name,
             self.vbid,

@@ -36,6 +36,7 @@ from ..protocol.opcodes import (
     VBucketState,
 )
 from ..protocol.server_session import SESSION_CONTROLS
+from . import stream_log
 from .active_stream import ActiveStream, StreamOptions
 from .engine import DecisionKind, decide_stream_request
 from .takeover import Takeover
@@ -87,7 +88,7 @@ def dcp_open(conn: Connection, f: Frame) -> None:
     )
     conn.cursor_dropping = "replication" not in conn.dcp_name
     conn.server.register_dcp_name(conn)
-    log.info("dcp open id=%d name=%s flags=0x%x", conn.id, conn.dcp_name, flags)
+    log.debug("dcp open id=%d name=%s flags=0x%x", conn.id, conn.dcp_name, flags)
     conn.respond(codec.response(Opcode.DCP_OPEN, opaque=f.opaque))
 
 
@@ -197,7 +198,8 @@ def stream_req(conn: Connection, f: Frame) -> None:
         client_purge_seqno=_client_purge_seqno(req.value),
     )
     if decision.kind is DecisionKind.ROLLBACK:
-        log.info(
+        stream_log.count("rollback")
+        log.debug(
             "stream request name=%s vb=%d start=%d uuid=%d snap=[%d,%d] -> rollback to %d (%s)",
             conn.dcp_name,
             vbid,
@@ -219,7 +221,8 @@ def stream_req(conn: Connection, f: Frame) -> None:
         )
         return
     if decision.kind is not DecisionKind.ACCEPT:
-        log.info(
+        stream_log.count("refused")
+        log.debug(
             "stream request name=%s vb=%d start=%d end=%d -> %s (%s)",
             conn.dcp_name,
             vbid,
@@ -251,7 +254,8 @@ def stream_req(conn: Connection, f: Frame) -> None:
     )
     conn.streams[vbid] = stream
     server.stream_registry.add(conn, stream)
-    log.info(
+    stream_log.count("accepted")
+    log.debug(
         "stream request name=%s vb=%d start=%d end=%d uuid=%d flags=0x%x -> accepted",
         conn.dcp_name,
         vbid,

@@ -7,6 +7,11 @@ Rules of this module:
 - Conversion is column by column from the executor's lists; unsigned 64-bit fields (cas,
   seqnos) go through uint64 and are reinterpreted as Spark longs (no value is lost: a cas
   above 2**63 shows as a negative long, bit for bit).
+- ``position`` orders the rows of a vbucket across the whole stream: the rollback
+  generation (offsets.py, ``g``) in the high bits, the seqno in the low 48, so a
+  ``rollback`` row sorts after every row it undoes and before the rows that follow it.
+  ``timestamp`` is the CAS read as the hybrid logical clock it is (nanoseconds since the
+  epoch, the low bits a logical counter), cut to Spark's microseconds.
 - Keys are UTF-8 text (Couchbase keys are); a key that is not valid UTF-8 is decoded with
   U+FFFD replacement characters rather than failing the read.
 """
@@ -17,7 +22,10 @@ from typing import Any
 
 from .changes import Chunk
 
-__all__ = ["COLUMNS", "OPS", "SCHEMA_DDL", "arrow_schema", "to_record_batch"]
+__all__ = ["COLUMNS", "OPS", "POSITION_SHIFT", "SCHEMA_DDL", "arrow_schema", "to_record_batch"]
+
+#: ``position`` = rollback generation << POSITION_SHIFT | seqno.
+POSITION_SHIFT = 48
 
 #: (name, Spark type) in column order.
 COLUMNS = (
@@ -33,6 +41,9 @@ COLUMNS = (
     ("datatype", "int"),
     ("snapshot_start", "long"),
     ("snapshot_end", "long"),
+    ("vb_uuid", "long"),
+    ("position", "long"),
+    ("timestamp", "timestamp"),
 )
 SCHEMA_DDL = ", ".join(f"{n} {t}" for n, t in COLUMNS)
 #: Values of the ``op`` column, indexed by the executor's op codes.
@@ -51,6 +62,7 @@ def arrow_schema() -> Any:
             "long": pa.int64(),
             "string": pa.string(),
             "binary": pa.binary(),
+            "timestamp": pa.timestamp("us", tz="UTC"),
         }
         _schema = pa.schema([pa.field(n, types[t]) for n, t in COLUMNS])
     return _schema
@@ -67,10 +79,19 @@ def to_record_batch(chunk: Chunk) -> Any:
     vbs: list[int] = []
     ss: list[int] = []
     se: list[int] = []
-    for vb, s, e, n in chunk.segments:
+    uu: list[int] = []
+    base: list[int] = []
+    for vb, s, e, n, u, g in chunk.segments:
         vbs += [vb] * n
         ss += [s] * n
         se += [e] * n
+        uu += [u] * n
+        if g or base:
+            base += [0] * (len(vbs) - n - len(base)) + [g << POSITION_SHIFT] * n
+    seqnos = _u64_as_long(pa, chunk.seqno)
+    position = pc.add(seqnos, pa.array(base, pa.int64())) if base else seqnos
+    cas = pa.array(chunk.cas, pa.uint64())
+    stamp = pc.divide(cas, pa.scalar(1000, pa.uint64())).cast(pa.int64())
     try:
         keys = pa.array(chunk.key, pa.binary()).cast(pa.string())
     except pa.ArrowInvalid:
@@ -81,16 +102,19 @@ def to_record_batch(chunk: Chunk) -> Any:
     ops = pc.take(pa.array(OPS, pa.string()), pa.array(chunk.op, pa.int8()))
     arrays = [
         pa.array(vbs, pa.int32()),
-        _u64_as_long(pa, chunk.seqno),
+        seqnos,
         ops,
         keys,
         pa.array(chunk.value, pa.binary()),
-        _u64_as_long(pa, chunk.cas),
+        cas.cast(pa.int64(), safe=False),
         _u64_as_long(pa, chunk.rev),
         pa.array(chunk.flags, pa.int64()),
         pa.array(chunk.expiry, pa.int64()),
         pa.array(chunk.datatype, pa.int32()),
         _u64_as_long(pa, ss),
         _u64_as_long(pa, se),
+        _u64_as_long(pa, uu),
+        position,
+        stamp.cast(pa.timestamp("us", tz="UTC")),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())

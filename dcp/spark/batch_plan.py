@@ -10,6 +10,10 @@ Rules of this module:
   when it answers, so later writes cannot be deduplicated into it). The planner remembers
   the boundaries it saw, and a row limit cuts at the largest remembered boundary within
   budget; at least one boundary is taken per batch so a stream always progresses.
+- A rewind goes back to a change-set boundary the sink has: the rollback seqno only when
+  it is one (the start of the change set that ended at the position, ``p``), else that
+  start when it is below the rollback seqno, else 0 (``rewind_point``). Rows delivered
+  before get a lower ``position`` (the rollback generation ``g`` is its high part).
 - The rollback rule is the server's (``protocol_spec/README.md`` section 8) for a
   zero-width snapshot ``S = SS = SE``: find the uuid in the failover log (newest
   first); *upper* is the next newer entry's seqno, or the high seqno; the position is
@@ -32,6 +36,7 @@ __all__ = [
     "group_ranges",
     "plan_end",
     "plan_ranges",
+    "rewind_point",
     "rollback_seqno",
 ]
 
@@ -42,7 +47,10 @@ FailoverLog = Sequence[tuple[int, int]]  # (uuid, seqno), newest first
 class VbRange:
     """One vbucket's share of a batch: the changes in ``(start, end]``, requested with
     ``uuid`` (the start's branch) and planned on branch ``end_uuid`` (0 = not checked);
-    ``rollback`` (if set) means "emit a rollback to this seqno" and nothing else."""
+    ``rollback`` (if set) means "emit a rollback to this seqno" and nothing else.
+    ``prev`` is the start of the change set that ended at ``start`` (None: unknown; where
+    a rollback found while reading rewinds to), ``gen`` the rollback generation of the
+    rows (a rollback found while reading starts generation ``gen + 1``)."""
 
     vbucket: int
     uuid: int
@@ -50,6 +58,8 @@ class VbRange:
     end: int
     rollback: int | None = None
     end_uuid: int = 0
+    prev: int | None = None
+    gen: int = 0
 
     @property
     def weight(self) -> int:
@@ -73,6 +83,25 @@ def rollback_seqno(pos: VbPosition, log: FailoverLog, high: int) -> int | None:
     if upper is None:
         return 0
     return None if s <= upper else upper
+
+
+def rewind_point(seqno: int, prev: int | None, rollback: int) -> int:
+    """Where a query whose vbucket stands at ``seqno`` (the change set ``(prev, seqno]``
+    delivered last) re-reads from after the server rolled back to ``rollback``.
+
+    The sink holds change sets: within one, only the newest version of each key. Undoing
+    its rows above ``rollback`` would lose the versions at or below ``rollback`` that the
+    set had deduplicated away, so the re-read starts at a change-set boundary at or below
+    ``rollback``: ``seqno`` itself when the rollback does not reach it, ``prev`` when the
+    rollback is inside the last change set, else 0 (the earlier boundaries are not kept).
+    Unknown ``prev`` (offsets given by the user or written by an older version): the
+    rollback seqno, the best available.
+    """
+    if rollback >= seqno:
+        return seqno
+    if prev is None:
+        return rollback
+    return prev if prev <= rollback else 0
 
 
 def branch_uuid(log: FailoverLog, seqno: int) -> int:
@@ -155,10 +184,14 @@ def plan_end(
             if r is not None:
                 if on_rollback != "rewind":
                     detail = f"Server failover log (uuid, seqno), newest first: {list(log)}."
-                    raise RollbackDetectedError(vb, pos.uuid, pos.seqno, r, "planning", detail)
+                    ahead = pos.uuid in (0, log[0][0] if log else 0) and r == high
+                    raise RollbackDetectedError(
+                        vb, pos.uuid, pos.seqno, r, "planning", detail, ahead=ahead
+                    )
+                x = rewind_point(pos.seqno, pos.prev, r)
                 if floor is not None and vb in floor:
-                    r = min(r, floor[vb])
-                end[vb] = VbPosition(branch_uuid(log, r), r, r)
+                    x = min(x, floor[vb])
+                end[vb] = VbPosition(branch_uuid(log, x), x, x, x, pos.gen + 1)
                 continue
         cap = high if target is None else min(high, target.get(vb, high))
         cands = [b for b in boundaries.get(vb, ()) if pos.seqno < b < cap]
@@ -167,7 +200,8 @@ def plan_end(
         if cands:
             options[vb] = cands
     for vb, e in _budget_ends(start, options, limit).items():
-        end[vb] = VbPosition(branch_uuid(logs.get(vb, ()), e), e)
+        s = start[vb]
+        end[vb] = VbPosition(branch_uuid(logs.get(vb, ()), e), e, None, s.seqno, s.gen)
     return end
 
 
@@ -188,7 +222,8 @@ def plan_ranges(start: Offsets, end: Offsets) -> list[VbRange]:
         if s == e:
             continue
         if e.rollback is not None:
-            out.append(VbRange(vb, e.uuid, e.rollback, e.rollback, e.rollback, e.uuid))
+            r = e.rollback
+            out.append(VbRange(vb, e.uuid, r, r, r, e.uuid, r, e.gen))
             continue
         if e.seqno < s.seqno:
             raise OffsetError(
@@ -197,7 +232,7 @@ def plan_ranges(start: Offsets, end: Offsets) -> list[VbRange]:
             )
         if e.seqno == s.seqno:
             continue  # uuid learned, nothing to read
-        out.append(VbRange(vb, s.uuid or e.uuid, s.seqno, e.seqno, None, e.uuid))
+        out.append(VbRange(vb, s.uuid or e.uuid, s.seqno, e.seqno, None, e.uuid, s.prev, e.gen))
     return out
 
 

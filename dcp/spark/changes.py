@@ -3,8 +3,8 @@
 Rules of this module:
 - A ``Chunk`` holds rows column by column (plain Python lists, the cheapest thing to
   append to on the hot path) plus ``segments``: ``(vbucket, snapshot start, snapshot
-  end, rows)`` runs in row order, from which ``arrow.py`` fills the per-row vbucket and
-  snapshot columns.
+  end, rows, vbucket uuid, rollback generation)`` runs in row order, from which
+  ``arrow.py`` fills the per-row vbucket, snapshot, branch and position columns.
 - ``newest_per_key`` is the change-set rule: per key, only its newest row survives.
 - ``mutation_row``/``deletion_row``/``expiration_row`` build one item as a row tuple in
   column order; the executor's protocol session calls them per item, instead of building
@@ -73,7 +73,7 @@ class Chunk:
 
     def __init__(self) -> None:
         self.cols = columns()
-        self.segments: list[tuple[int, int, int, int]] = []
+        self.segments: list[tuple[int, int, int, int, int, int]] = []
 
     seqno = property(lambda self: self.cols[0])
     op = property(lambda self: self.cols[1])
@@ -96,20 +96,31 @@ class Chunk:
         self.cols, self.segments = columns(), []
         return out
 
-    def add(self, vb: int, snap_start: int, snap_end: int, cols: tuple[list, ...]) -> None:
+    def add(
+        self,
+        vb: int,
+        snap_start: int,
+        snap_end: int,
+        cols: tuple[list, ...],
+        uuid: int = 0,
+        gen: int = 0,
+    ) -> None:
         n = len(cols[0])
         if n:
             for mine, theirs in zip(self.cols, cols, strict=True):
                 mine.extend(theirs)
-            self.segments.append((vb, snap_start, snap_end, n))
+            self.segments.append((vb, snap_start, snap_end, n, uuid, gen))
 
-    def add_rollback(self, vb: int, seqno: int) -> None:
-        """One ``op = rollback`` row: forget every change of ``vb`` above ``seqno``."""
+    def add_rollback(self, vb: int, seqno: int, uuid: int = 0, gen: int = 0) -> None:
+        """One ``op = rollback`` row: forget every change of ``vb`` above ``seqno`` that
+        came before it (rows of generation ``gen`` and later come after it)."""
         self.add(
             vb,
             seqno,
             seqno,
             ([seqno], [OP_ROLLBACK], [None], [None], [None], [None], [None], [None], [None]),
+            uuid,
+            gen,
         )
 
 

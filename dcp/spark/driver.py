@@ -15,11 +15,21 @@ Rules of this module:
   between them. Decisions are ``batch_plan.py``'s; this module only gathers their inputs.
 - ``startingOffsets=latest`` is resolved once per ``startingOffsetsFile`` and read back
   from that file ever after (Spark calls ``initialOffset`` again on restarts and replays).
+- A lost connection is retried for ``retryTimeout`` (forever when infinite), with one
+  warning when the trouble starts; a server that refuses the very first connection of a
+  planner fails at once (a wrong host or port must not take the retry time to show),
+  unless the retries are endless.
+- A stream checks once whether the server keeps a change history (it accepts the
+  ``change_streams`` control) and warns when not: replays after the server's checkpoint
+  retention or a restart may then be impossible to serve exactly (docs/spark.md).
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
+import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 
@@ -36,7 +46,9 @@ from .offsets import (
 from .options import SourceConfig
 from .wire import ConnectionLost, WireClient
 
-__all__ = ["Planner"]
+__all__ = ["Planner", "server_keeps_history"]
+
+log = logging.getLogger("dcp.spark")
 
 _MAX_BOUNDARIES = 4096
 
@@ -56,6 +68,8 @@ class Planner:
         self._vbuckets: list[int] | None = None
         self._initial: Offsets | None = None
         self._prev: dict[int, tuple[VbPosition, int]] = {}  # vb -> (batch end, its start)
+        self._connected_once = False
+        self._waiting_since: float | None = None  # minRowsPerBatch: first short poll
         self.refreshes = 0  #: server round trips made (for tests and metrics)
 
     # ------------------------------------------------------------------ server view
@@ -73,6 +87,7 @@ class Planner:
             self._logs.clear()
             self._log_high.clear()
             self._boundaries.clear()
+            self._connected_once = True
         client = self._client
         all_highs = client.get_all_vb_seqnos()
         if self._vbuckets is None:
@@ -111,7 +126,8 @@ class Planner:
         now = self._clock()
         if not force and now - self._fetched_at < self.cfg.plan_cache_seconds:
             return self._highs, self._logs
-        deadline = time.monotonic() + self.cfg.retry_timeout
+        cfg = self.cfg
+        began = time.monotonic()
         delay = 0.05
         while True:
             try:
@@ -119,9 +135,31 @@ class Planner:
                 break
             except ConnectionLost as exc:
                 self.close()
-                if time.monotonic() + delay > deadline:
+                where = f"the DCP server at {cfg.host}:{cfg.port}"
+                endless = math.isinf(cfg.retry_timeout)
+                refused = isinstance(exc.__cause__, OSError) and (
+                    exc.__cause__.errno == errno.ECONNREFUSED
+                )
+                if refused and not self._connected_once and not endless:
                     raise RangeUnavailableError(
-                        f"cannot reach the DCP server at {self.cfg.host}:{self.cfg.port}: {exc}"
+                        f"{where} refused the connection ({exc}): is it running, on that "
+                        f"host and port (options host, port)? Set option "
+                        f"retryTimeout=forever to wait for it instead."
+                    ) from exc
+                waited = time.monotonic() - began
+                if delay == 0.05:  # the first failure of this outage
+                    log.warning(
+                        "lost %s (%s); retrying %s",
+                        where,
+                        exc,
+                        "forever (retryTimeout=forever)"
+                        if endless
+                        else f"for up to {cfg.retry_timeout:g} s (option retryTimeout)",
+                    )
+                if waited + delay > cfg.retry_timeout:
+                    raise RangeUnavailableError(
+                        f"cannot reach {where}: {exc}; gave up after {waited:.1f} s of retries "
+                        f"(option retryTimeout={cfg.retry_timeout:g}; 'forever' never gives up)"
                     ) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -163,10 +201,55 @@ class Planner:
             }
         else:
             offsets = parse_starting_offsets(cfg.starting_offsets, vbs)
+            self.check_reached(offsets, "startingOffsets")
         if path:
             write_file_atomic(path, offsets)
         self._initial = offsets
         return offsets
+
+    def check_reached(self, offsets: Offsets, option: str) -> None:
+        """Positions the user gave must be ones the server has reached on that branch."""
+        highs, logs = self.refresh(force=True)
+        for vb, pos in sorted(offsets.items()):
+            log_ = logs.get(vb, ())
+            current = not pos.uuid or (bool(log_) and pos.uuid == log_[0][0])
+            if current and pos.seqno > highs.get(vb, 0):
+                raise OffsetError(
+                    f"option {option}: vbucket {vb} position seqno {pos.seqno} is ahead of "
+                    f"the server (its high seqno is {highs.get(vb, 0)}): the server has not "
+                    f"written that change yet. Offsets of another server or data directory?"
+                )
+
+    def ending_offsets(self) -> Offsets:
+        """Batch reads: where each vbucket ends (option endingOffsets, default the high
+        seqnos now)."""
+        highs, logs = self.refresh(force=True)
+        vbs = self.vbuckets()
+        if self.cfg.ending_offsets == "latest":
+            return {
+                vb: VbPosition(branch_uuid(logs.get(vb, ()), highs[vb]), highs[vb]) for vb in vbs
+            }
+        given = parse_starting_offsets(self.cfg.ending_offsets, vbs)
+        self.check_reached(given, "endingOffsets")
+        # vbuckets not named end at their high seqno, like Kafka's -1 ("latest")
+        named = _named_vbuckets(self.cfg.ending_offsets)
+        return {vb: (given[vb] if vb in named else VbPosition(0, highs[vb])) for vb in vbs}
+
+    def warn_without_history(self) -> bool:
+        """Warn (once per planner) when the server keeps no change history; True if it does."""
+        ok = server_keeps_history(self.cfg)
+        if not ok:
+            log.warning(
+                "the DCP server at %s:%d keeps no change history (it refused "
+                "change_streams): a batch replayed after a restart of the server or of this "
+                "query, or read more than the server's checkpoint retention (10 s) after "
+                "it was planned, may fail with MergedSnapshotError once documents are "
+                "rewritten. Run the server with its default history window (do not set "
+                "history_seconds/history_bytes to 0), e.g. dcp-server --history-seconds 3600.",
+                self.cfg.host,
+                self.cfg.port,
+            )
+        return ok
 
     def target(self) -> dict[int, int]:
         """The current high seqnos (the end of an availableNow run)."""
@@ -179,12 +262,15 @@ class Planner:
         *,
         limit: int | None = None,
         min_rows: int = 0,
+        max_delay: float = math.inf,
         target: Mapping[int, int] | None = None,
     ) -> Offsets:
-        """The end offset of the next batch; ``start`` itself when nothing is new."""
+        """The end offset of the next batch; ``start`` itself when nothing is new, or
+        fewer than ``min_rows`` are new and the first such poll is under ``max_delay``
+        seconds old."""
         highs, logs = self.refresh()
         vbs = self.vbuckets()
-        if sorted(start) != vbs:
+        if len(start) != len(vbs) or sorted(start) != vbs:
             raise OffsetError(
                 f"the query's offsets name {len(start)} vbuckets ({sorted(start)[:8]}...) but "
                 f"it reads {len(vbs)} ({vbs[:8]}...): option vbuckets (or the server's "
@@ -211,10 +297,15 @@ class Planner:
                 b = self._boundaries.get(vb)
                 if b:
                     del b[bisect.bisect_right(b, pos.seqno) :]
-        if min_rows and target is None:
+        if min_rows and target is None and end != start:
             new = sum(max(0, end[vb].seqno - start[vb].seqno) for vb in end)
             if new < min_rows and not any(p.rollback is not None for p in end.values()):
-                return start
+                now = self._clock()
+                if self._waiting_since is None:
+                    self._waiting_since = now
+                if now - self._waiting_since < max_delay:
+                    return start
+        self._waiting_since = None
         self.remember(start, end)
         return end
 
@@ -226,3 +317,27 @@ class Planner:
             s = start.get(vb)
             if s is not None and s != e:
                 self._prev[vb] = (e, s.seqno)
+
+
+def _named_vbuckets(text: str) -> set[int]:
+    import json
+
+    obj = json.loads(text)
+    if isinstance(obj, dict) and "vb" in obj and isinstance(obj["vb"], dict):
+        obj = obj["vb"]
+    return {int(k) for k in obj} if isinstance(obj, dict) else set()
+
+
+def server_keeps_history(cfg: SourceConfig) -> bool:
+    """Whether the server accepts ``change_streams`` (it keeps a history window); a
+    short-lived connection of its own. A server that cannot be reached counts as
+    keeping one (the query's own connection will report it)."""
+    client = WireClient(cfg.host, cfg.port, timeout=cfg.timeout)
+    try:
+        client.connect()
+        accepted = client.dcp_open(controls={"change_streams": "true"})
+        return accepted.get("change_streams", False)
+    except Exception:
+        return True
+    finally:
+        client.close()

@@ -46,12 +46,32 @@ class RollbackDetectedError(DcpSparkError):
         rollback_seqno: int,
         where: str = "planning",
         detail: str = "",
+        *,
+        ahead: bool = False,
     ) -> None:
         self.vbucket = vbucket
         self.vb_uuid = vb_uuid
         self.seqno = seqno
         self.rollback_seqno = rollback_seqno
         self.where = where
+        self.ahead = ahead
+        if ahead:
+            msg = (
+                f"vbucket {vbucket}: the query's position (vbucket uuid {vb_uuid}, seqno "
+                f"{seqno}) is ahead of the server, whose high seqno on that branch is "
+                f"{rollback_seqno}: the starting offsets name changes the server has not "
+                f"written (offsets of another server or data directory?), or the server "
+                f"lost changes without recording a failover."
+            )
+            if detail:
+                msg += f" {detail}"
+            msg += (
+                " Fix the starting offsets, or set option onRollback=rewind (alias "
+                "failOnDataLoss=false) to continue from seqno "
+                f"{rollback_seqno} after an explicit op='rollback' row."
+            )
+            super().__init__(msg)
+            return
         msg = (
             f"DCP rollback detected while {where}: vbucket {vbucket} position "
             f"(vbucket uuid {vb_uuid}, seqno {seqno}) is no longer on the server's history; "
@@ -62,8 +82,8 @@ class RollbackDetectedError(DcpSparkError):
         if detail:
             msg += f" {detail}"
         msg += (
-            " Set option onRollback=rewind to continue with an explicit op='rollback' row, "
-            "or start a new query (new checkpoint)."
+            " Set option onRollback=rewind (alias failOnDataLoss=false) to continue with an "
+            "explicit op='rollback' row, or start a new query (new checkpoint)."
         )
         super().__init__(msg)
 

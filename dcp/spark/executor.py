@@ -14,8 +14,8 @@ Rules of this module:
   fails with ``RangeUnavailableError``.
 - History checks: a ROLLBACK answer, or a failover log showing the planned end is no
   longer on the server's history, raises ``RollbackDetectedError``; with ``rewind`` the
-  vbucket yields one rollback row (at the rollback seqno or the range start, whichever is
-  lower) and nothing else.
+  vbucket yields one rollback row (at a change-set boundary at or below the rollback
+  seqno: ``batch_plan.rewind_point``) and nothing else.
 - An I/O shell over the connection's ``ClientSession`` (``dcp.protocol.session``): it
   decodes (magic, opcode and extras decide what a frame is), answers noops and matches
   stream answers; the session builds each item straight as a row tuple in column order,
@@ -40,7 +40,7 @@ from dcp.protocol import events as ev
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 from dcp.protocol.session import ClientSession
 
-from .batch_plan import VbRange, rollback_seqno
+from .batch_plan import VbRange, branch_uuid, rewind_point, rollback_seqno
 from .changes import Chunk, deletion_row, expiration_row, mutation_row
 from .errors import RangeUnavailableError, RollbackDetectedError
 from .offsets import VbPosition
@@ -166,14 +166,22 @@ class _Reader:
         if st.done and st.state in ("open", "requested"):
             self.close_stream(st)
 
-    def rolled_back(self, st: RangeRead, uuid: int, seqno: int, r: int, detail: str) -> None:
+    def rolled_back(
+        self,
+        st: RangeRead,
+        uuid: int,
+        seqno: int,
+        r: int,
+        detail: str,
+        flog: list[tuple[int, int]] | None = None,
+    ) -> None:
         """Position ``(uuid, seqno)`` of this range is off the server's history."""
         rng = st.rng
         if self.cfg.on_rollback != "rewind":
             raise RollbackDetectedError(rng.vbucket, uuid, seqno, r, "reading", detail)
-        at = min(r, rng.start)
+        at = rewind_point(rng.start, rng.prev, r)
         log.warning("vbucket %d: %s; emitting a rollback row to seqno %d", rng.vbucket, detail, at)
-        st.rollback(at)
+        st.rollback(at, branch_uuid(flog, at) if flog else 0)
         if st.state == "requested":  # the ROLLBACK answer: the server opened no stream
             st.state = "done"
         else:
@@ -187,8 +195,10 @@ class _Reader:
             return
         st.state = "open"
         rng = st.rng
+        flog = list(e.failover_log)
+        if not st.branch:
+            st.branch = branch_uuid(flog, rng.end)
         if rng.end_uuid:
-            flog = list(e.failover_log)
             r = rollback_seqno(VbPosition(rng.end_uuid, rng.end), flog, SEQNO_MAX)
             if r is not None:
                 self.rolled_back(
@@ -200,6 +210,7 @@ class _Reader:
                         f"the planned end (uuid {rng.end_uuid}, seqno {rng.end}) is no longer "
                         f"on the server's history (failover log {flog})"
                     ),
+                    flog,
                 )
 
     def _stream_rollback(self, e: ev.StreamRollback) -> None:
@@ -270,8 +281,11 @@ class _Reader:
         elif now - st.failing_since > self.cfg.retry_timeout:
             raise RangeUnavailableError(
                 f"vbucket {st.rng.vbucket}: gave up after {now - st.failing_since:.1f} s of "
-                f"retries: {why}"
+                f"retries (option retryTimeout={self.cfg.retry_timeout:g}; 'forever' never "
+                f"gives up): {why}"
             )
+        if st.failing_since == now:
+            log.warning("vbucket %d: %s; retrying (option retryTimeout)", st.rng.vbucket, why)
         st.attempts += 1
         st.drop_pending()
         st.state = "retry"
@@ -427,7 +441,7 @@ def read_ranges(cfg: SourceConfig, ranges: Sequence[VbRange], name: str) -> Iter
     if rollbacks:
         ch = Chunk()
         for r in rollbacks:
-            ch.add_rollback(r.vbucket, r.rollback)  # type: ignore[arg-type]
+            ch.add_rollback(r.vbucket, r.rollback, r.end_uuid, r.gen)  # type: ignore[arg-type]
         yield ch
     if not reads:
         return

@@ -3,10 +3,16 @@
 Rules of this module:
 - An offset names, for every vbucket the query reads, the vbucket uuid of the history
   branch and a seqno that is a snapshot end (or 0): ``(uuid, seqno)`` with the zero-width
-  snapshot ``[seqno, seqno]`` is a legal DCP resume point.
+  snapshot ``[seqno, seqno]`` is a legal DCP resume point. Two optional facts ride along
+  so that a rollback found after a restart still rewinds correctly: ``p``, the start of
+  the change set that ended at ``seqno`` (a rollback below ``seqno`` must re-read from a
+  change-set boundary, or versions that set deduplicated away would be lost), and ``g``,
+  the number of rollbacks the query applied to the vbucket (the high part of the rows'
+  ``position`` column, so rows after a rollback sort after the rows it undoes).
 - Spark compares offsets **as JSON text**, so the JSON is canonical: the same positions
   always give the same text. Vbuckets in ascending numeric order, every vbucket always
-  present, keys in the fixed order ``u``, ``s``, ``rb``; uuids as decimal strings (they
+  present, keys in the fixed order ``u``, ``s``, ``p``, ``g``, ``rb`` (``p`` only when
+  known, ``g`` only when not 0, ``rb`` only on a rollback); uuids as decimal strings (they
   are unsigned 64-bit). ``to_json`` builds exactly that shape; nothing else builds offsets.
 - ``rb`` (optional) marks that the batch ending at this offset starts, for that vbucket,
   with a rollback to seqno ``rb``: the batch emits an ``op='rollback'`` row for it.
@@ -25,6 +31,7 @@ from typing import Any
 from .errors import OffsetError
 
 __all__ = [
+    "MAX_GEN",
     "VERSION",
     "VbPosition",
     "dumps",
@@ -38,6 +45,8 @@ __all__ = [
 
 VERSION = 1
 _U64 = (1 << 64) - 1
+#: Rollback generations fit in the top 15 bits of the signed ``position`` column.
+MAX_GEN = 1 << 15
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,20 +56,25 @@ class VbPosition:
     uuid: int = 0
     seqno: int = 0
     rollback: int | None = None  # the batch ending here starts with a rollback to this seqno
+    prev: int | None = None  # start of the change set that ended here (None: unknown)
+    gen: int = 0  # rollbacks applied to this vbucket so far
 
     def __post_init__(self) -> None:
         for name in ("uuid", "seqno"):
             v = getattr(self, name)
             if type(v) is not int or not 0 <= v <= _U64:
                 raise OffsetError(f"{name} must be an integer in 0..2**64-1, not {v!r}")
-        if self.rollback is not None and (
-            type(self.rollback) is not int or not 0 <= self.rollback <= self.seqno
-        ):
-            raise OffsetError(f"rollback seqno {self.rollback!r} must be in 0..{self.seqno}")
+        for name, value in (("rollback seqno", self.rollback), ("change-set start", self.prev)):
+            if value is not None and (type(value) is not int or not 0 <= value <= self.seqno):
+                raise OffsetError(f"{name} {value!r} must be in 0..{self.seqno}")
+        if type(self.gen) is not int or not 0 <= self.gen < MAX_GEN:
+            raise OffsetError(f"rollback generation {self.gen!r} must be in 0..{MAX_GEN - 1}")
 
     def plain(self) -> VbPosition:
         """The same position without the rollback mark."""
-        return self if self.rollback is None else VbPosition(self.uuid, self.seqno)
+        if self.rollback is None:
+            return self
+        return VbPosition(self.uuid, self.seqno, None, self.prev, self.gen)
 
 
 Offsets = dict[int, VbPosition]
@@ -76,6 +90,10 @@ def to_json(offsets: Mapping[int, VbPosition]) -> dict[str, Any]:
     for vb in sorted(offsets):
         p = offsets[vb]
         entry: dict[str, Any] = {"u": str(p.uuid), "s": p.seqno}
+        if p.prev is not None:
+            entry["p"] = p.prev
+        if p.gen:
+            entry["g"] = p.gen
         if p.rollback is not None:
             entry["rb"] = p.rollback
         vbs[str(vb)] = entry
@@ -91,7 +109,7 @@ def _position(vb: str, obj: Any) -> VbPosition:
         return VbPosition(0, obj)
     if not isinstance(obj, dict):
         raise OffsetError(f"vbucket {vb}: expected {{'u': uuid, 's': seqno}}, not {obj!r}")
-    unknown = set(obj) - {"u", "s", "rb"}
+    unknown = set(obj) - {"u", "s", "p", "g", "rb"}
     if unknown:
         raise OffsetError(f"vbucket {vb}: unknown offset fields {sorted(unknown)}")
     try:
@@ -103,7 +121,7 @@ def _position(vb: str, obj: Any) -> VbPosition:
         raise OffsetError(f"vbucket {vb}: seqno must be an integer, not {seqno!r}")
     rb = obj.get("rb")
     try:
-        return VbPosition(uuid, seqno, rb)
+        return VbPosition(uuid, seqno, rb, obj.get("p"), obj.get("g", 0))
     except OffsetError as exc:
         raise OffsetError(f"vbucket {vb}: {exc}") from None
 

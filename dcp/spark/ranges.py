@@ -49,6 +49,7 @@ class RangeRead:
     __slots__ = (
         "acc",
         "attempts",
+        "branch",
         "c",
         "counted",
         "done",
@@ -77,6 +78,7 @@ class RangeRead:
         self.out = out
         self.on_merged = on_merged
         self.end = rng.end
+        self.branch = rng.end_uuid  # the rows' vb_uuid (learnt at stream open when 0)
         self.c = rng.start  # everything up to here is accepted (a snapshot end)
         self.first = rng.start + 1  # snapshot start of the next part handed out
         self.extend = False  # handing out a merged snapshot whole, past the planned end
@@ -138,7 +140,10 @@ class RangeRead:
                 self.hand_out(self.c)
 
     def hand_out(self, snap_end: int) -> None:
-        self.out.add(self.rng.vbucket, self.first, snap_end, newest_per_key(self.acc))
+        rng = self.rng
+        self.out.add(
+            rng.vbucket, self.first, snap_end, newest_per_key(self.acc), self.branch, rng.gen
+        )
         self.acc = columns()
         self.nbytes = 0
         self.first = snap_end + 1
@@ -151,11 +156,12 @@ class RangeRead:
         self.done = True
         self.failing_since = None
 
-    def rollback(self, seqno: int) -> None:
-        """The server's history no longer holds the range: one rollback row instead."""
+    def rollback(self, seqno: int, uuid: int) -> None:
+        """The server's history no longer holds the range: one rollback row instead (of
+        the next generation: it undoes rows delivered before, on branch ``uuid``)."""
         self.acc = columns()
         self.drop_pending()
-        self.out.add_rollback(self.rng.vbucket, seqno)
+        self.out.add_rollback(self.rng.vbucket, seqno, uuid, self.rng.gen + 1)
         self.done = True
 
     def snapshot_done(self) -> None:

@@ -34,14 +34,20 @@ from pyspark.sql.streaming.datasource import (
 from .arrow import COLUMNS, SCHEMA_DDL, to_record_batch
 from .batch_plan import VbRange, group_ranges, plan_ranges
 from .driver import Planner
-from .errors import OptionError
+from .errors import DcpSparkError, OffsetError, OptionError
 from .executor import read_ranges
 from .offsets import from_json, to_json
 from .options import SourceConfig, parse_options
 
 __all__ = ["DcpBatchReader", "DcpDataSource", "DcpPartition", "DcpStreamReader"]
 
-_SPARK_TYPES = {"int": "integer", "long": "long", "string": "string", "binary": "binary"}
+_SPARK_TYPES = {
+    "int": "integer",
+    "long": "long",
+    "string": "string",
+    "binary": "binary",
+    "timestamp": "timestamp",
+}
 
 
 class DcpPartition(InputPartition):
@@ -50,7 +56,10 @@ class DcpPartition(InputPartition):
 
     def __init__(self, index: int, ranges: list[VbRange]) -> None:
         super().__init__(index)
-        self.ranges = [(r.vbucket, r.uuid, r.start, r.end, r.rollback) for r in ranges]
+        self.ranges = [
+            (r.vbucket, r.uuid, r.start, r.end, r.rollback, r.end_uuid, r.prev, r.gen)
+            for r in ranges
+        ]
 
     def vb_ranges(self) -> list[VbRange]:
         return [VbRange(*t) for t in self.ranges]
@@ -69,9 +78,26 @@ def _check_schema(schema: Any) -> None:
         )
 
 
+def _need_pyarrow() -> None:
+    """Executors convert rows with pyarrow: say so directly when this Python lacks it
+    (instead of a worker crash far from the cause)."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        import sys
+
+        raise DcpSparkError(
+            f"the dcp source needs pyarrow in the Python that Spark runs for its workers "
+            f"({sys.executable}), which does not have it ({exc}). Point Spark at the "
+            f"environment where this project is installed: PYSPARK_PYTHON=/path/to/.venv/"
+            f"bin/python (or the spark.pyspark.python setting) before the session starts."
+        ) from exc
+
+
 def _read(cfg: SourceConfig, partition: InputPartition, what: str) -> Iterator[Any]:
     if not isinstance(partition, DcpPartition):  # Spark's placeholder for "no partitions"
         return
+    _need_pyarrow()
     for chunk in read_ranges(cfg, partition.vb_ranges(), f"spark-dcp-{what}"):
         yield to_record_batch(chunk)
 
@@ -87,6 +113,10 @@ class DcpDataSource(DataSource):
         return "dcp"
 
     def schema(self) -> str:
+        """Called by ``load()`` (in a Python worker): the options are checked here, so a
+        typo fails at ``load()`` rather than when the query starts."""
+        parse_options(dict(self.options), streaming=None)
+        _need_pyarrow()
         return SCHEMA_DDL
 
     def reader(self, schema: Any) -> DataSourceReader:
@@ -97,8 +127,9 @@ class DcpDataSource(DataSource):
 
 
 class DcpBatchReader(DataSourceReader):
-    """A consistent read of every vbucket up to its high seqno when the read is planned
-    (a merged snapshot on disk is read whole, so each vbucket ends on a real state)."""
+    """A consistent read of every vbucket, ``(startingOffsets, endingOffsets]``: by
+    default from 0 up to its high seqno when the read is planned (a merged snapshot on
+    disk is read whole, so each vbucket ends on a real state)."""
 
     def __init__(self, options: Any, schema: Any) -> None:
         _check_schema(schema)
@@ -107,10 +138,17 @@ class DcpBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         planner = Planner(self.cfg)
         try:
-            highs, _ = planner.refresh(force=True)
+            end = planner.ending_offsets()
+            start = planner.initial_offsets()
         finally:
             planner.close()
-        ranges = [VbRange(vb, 0, 0, h) for vb, h in sorted(highs.items()) if h > 0]
+        for vb, e in end.items():
+            if e.seqno < start[vb].seqno:
+                raise OffsetError(
+                    f"vbucket {vb}: endingOffsets seqno {e.seqno} is below startingOffsets "
+                    f"seqno {start[vb].seqno}"
+                )
+        ranges = plan_ranges(start, end)
         groups = group_ranges(ranges, self.cfg.partitions) if ranges else []
         return [DcpPartition(i, g) for i, g in enumerate(groups)]
 
@@ -126,6 +164,7 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.cfg = parse_options(dict(options), streaming=True)
         self._planner: Planner | None = None
         self._target: dict[int, int] | None = None
+        self._history_checked = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -136,23 +175,42 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def planner(self) -> Planner:
         if self._planner is None:
             self._planner = Planner(self.cfg)
+            if not self._history_checked:  # once per query run (this runner process)
+                self._history_checked = True
+                self._planner.warn_without_history()
         return self._planner
 
     def initialOffset(self) -> dict:
         return to_json(self.planner.initial_offsets())
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.cfg.max_rows_per_batch
-        return ReadMaxRows(n) if n else ReadAllAvailable()
+        cfg = self.cfg
+        if cfg.max_rows_per_batch:
+            return ReadMaxRows(cfg.max_rows_per_batch)
+        if cfg.min_rows_per_batch:
+            return ReadMinRows(cfg.min_rows_per_batch)
+        return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self.planner.target()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_json(start)
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else 0
-        end = self.planner.latest(begin, limit=max_rows, min_rows=min_rows, target=self._target)
+        cfg = self.cfg
+        # Spark hands one limit; the other bound of a min/max pair comes from the options.
+        # ReadAllAvailable (availableNow, or no bound set) lifts both.
+        max_rows = min_rows = None
+        if isinstance(limit, ReadMaxRows):
+            max_rows, min_rows = limit.max_rows, cfg.min_rows_per_batch
+        elif isinstance(limit, ReadMinRows):
+            max_rows, min_rows = cfg.max_rows_per_batch, limit.min_rows
+        end = self.planner.latest(
+            begin,
+            limit=max_rows,
+            min_rows=min_rows or 0,
+            max_delay=cfg.max_trigger_delay,
+            target=self._target,
+        )
         if end == begin:
             return start  # unchanged text: Spark plans no batch
         return to_json(end)

@@ -40,19 +40,32 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+#: Server settings that turn the default change history off (what `disk_server` and the
+#: tests of the no-history paths use).
+NO_HISTORY = {"history_seconds": 0, "history_bytes": 0}
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ThreadServer]:
-    """A server without a history window (the default configuration)."""
+    """A server with default settings (a bounded change history included)."""
     s = ThreadServer(tmp_path / "data")
     yield s
     s.stop()
 
 
 @pytest.fixture
+def no_history_server(tmp_path: Path) -> Iterator[ThreadServer]:
+    """History explicitly off, the default checkpoint retention (10 s)."""
+    s = ThreadServer(tmp_path / "data", **NO_HISTORY)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
 def disk_server(tmp_path: Path) -> Iterator[ThreadServer]:
-    """No history window and no checkpoint retention: a persisted range is freed from
-    memory at once, so ranges are read from disk (merged by later rewrites)."""
-    s = ThreadServer(tmp_path / "data", checkpoint_retain_seconds=0)
+    """History explicitly off and no checkpoint retention: a persisted range is freed
+    from memory at once, so ranges are read from disk (merged by later rewrites)."""
+    s = ThreadServer(tmp_path / "data", checkpoint_retain_seconds=0, **NO_HISTORY)
     yield s
     s.stop()
 

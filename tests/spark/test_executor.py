@@ -19,6 +19,7 @@ from dcp.spark.errors import MergedSnapshotError, RollbackDetectedError
 from dcp.spark.executor import read_ranges
 from dcp.spark.options import parse_options
 
+from .conftest import NO_HISTORY
 from .helpers import ThreadServer
 
 
@@ -30,7 +31,7 @@ def _rows(chunks: list[Chunk]) -> list[tuple]:
     out = []
     for ch in chunks:
         i = 0
-        for vb, s, e, n in ch.segments:
+        for vb, s, e, n, *_ in ch.segments:
             for j in range(i, i + n):
                 out.append((vb, ch.seqno[j], ch.op[j], ch.key[j], ch.value[j], s, e))
             i += n
@@ -102,9 +103,13 @@ def test_reread_reads_the_merged_snapshot_whole(disk_server):
             assert max(r[1] for r in rs) == max(r[6] for r in rs) >= highs[vb]
 
 
-def test_a_range_rewritten_and_persisted_since_planning_is_exact_from_retained_memory(server):
-    """The default server keeps closed checkpoints a few seconds: the range is read from
-    memory at the boundaries it was planned on, not as a merged disk snapshot."""
+def test_a_range_rewritten_and_persisted_since_planning_is_exact_from_retained_memory(
+    no_history_server,
+):
+    """Even without history the server keeps closed checkpoints a few seconds: the range
+    is read from memory at the boundaries it was planned on, not as a merged disk
+    snapshot."""
+    server = no_history_server
     ranges, highs = _merge_after_planning(server)
     rows = _read(server, ranges)
     assert sorted(r[3] for r in rows) == sorted(f"k{i}".encode() for i in range(200))
@@ -242,9 +247,7 @@ def test_a_connection_lost_mid_snapshot_resumes_from_the_last_whole_one():
 @pytest.mark.parametrize("history", [False, True], ids=["disk", "history"])
 def test_a_large_range_read_from_disk_is_complete(tmp_path, history):
     """More items than one server backfill chunk (4096): all of them, once."""
-    s = ThreadServer(
-        tmp_path / "d", num_vbuckets=1, **({"history_seconds": 3600} if history else {})
-    )
+    s = ThreadServer(tmp_path / "d", num_vbuckets=1, **({} if history else NO_HISTORY))
     try:
         with s.kv() as kv:
             for c in range(0, 10_000, 2_500):

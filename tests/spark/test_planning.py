@@ -44,7 +44,7 @@ def test_idle_vbuckets_keep_their_start_position_exactly():
     start = {0: VbPosition(222, 50, 40), 1: VbPosition(222, 7)}
     end = plan_end(start, {0: 50, 1: 9}, {0: LOG, 1: LOG}, {})
     assert end[0] is start[0]  # unchanged, rollback mark included
-    assert end[1] == VbPosition(111, 9)
+    assert end[1] == VbPosition(111, 9, None, 7)  # p: where its change set started
     assert plan_end(start, {0: 50, 1: 7}, {0: LOG, 1: LOG}, {}) == start
 
 
@@ -73,9 +73,38 @@ def test_a_rollback_fails_planning_with_the_facts():
 def test_rewind_ends_the_vbucket_at_the_rollback_seqno_with_a_mark():
     start = {3: VbPosition(111, 15), 4: VbPosition(222, 20)}
     end = plan_end(start, {3: 50, 4: 30}, {3: LOG, 4: LOG}, {}, on_rollback="rewind")
-    assert end[3] == VbPosition(222, 10, 10)
+    assert end[3] == VbPosition(222, 10, 10, 10, 1)  # generation 1: rows after it sort later
     ranges = plan_ranges(start, end)
-    assert ranges == [VbRange(3, 222, 10, 10, 10, 222), VbRange(4, 222, 20, 30, None, 222)]
+    assert ranges == [
+        VbRange(3, 222, 10, 10, 10, 222, 10, 1),
+        VbRange(4, 222, 20, 30, None, 222, None, 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prev", "rollback", "want"),
+    [
+        (12, 13, 12),  # inside the last change set (12, 15]: re-read it whole
+        (13, 13, 13),  # the rollback seqno is that set's start: a boundary already
+        (14, 13, 0),  # below the last set's start: earlier boundaries unknown, from 0
+        (None, 13, 13),  # offsets without p (user-given): the rollback seqno
+    ],
+)
+def test_a_rewind_goes_back_to_a_change_set_boundary(prev, rollback, want):
+    """Rows of a change set are the newest version per key: rewinding into the middle of
+    one would lose the versions it deduplicated (the sink undoes the rows above the
+    rollback row's seqno and the re-read must bring every key changed since)."""
+    log = [(222, rollback), (111, 0)]
+    start = {3: VbPosition(111, 15, None, prev, 2)}
+    end = plan_end(start, {3: 50}, {3: log}, {}, on_rollback="rewind")
+    assert end[3] == VbPosition(branch_uuid(log, want), want, want, want, 3)
+
+
+def test_a_position_ahead_of_the_server_is_not_called_a_loss():
+    with pytest.raises(RollbackDetectedError) as info:
+        plan_end({3: VbPosition(0, 99)}, {3: 50}, {3: LOG}, {})
+    assert info.value.ahead and "is ahead of the server" in str(info.value)
+    assert "lost by the server" not in str(info.value)
 
 
 def test_a_vbucket_the_server_lost_is_an_error():

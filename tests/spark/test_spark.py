@@ -254,10 +254,12 @@ def test_a_replay_the_server_can_no_longer_serve_exactly_fails_or_is_reread(
     assert any(r["snapshot_end"] > planned[r["vbucket"]] for r in replay)  # it says so
 
 
-def test_a_prompt_replay_over_rewritten_documents_is_exact_without_history(spark, server, tmp_path):
+def test_a_prompt_replay_over_rewritten_documents_is_exact_without_history(
+    spark, no_history_server, tmp_path
+):
     """Within the server's checkpoint retention a replayed batch is read from memory at
     its planned boundaries: the same rows, although the documents were rewritten."""
-    s, ck = server, tmp_path / "ck"
+    s, ck = no_history_server, tmp_path / "ck"
     original = _crash_then_rewrite(spark, s, ck)
     sink = Sink()
     assert run(spark, s.port, ck, sink) is None
