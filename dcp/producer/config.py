@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,28 @@ class ServerConfig:
     #: the listen address.
     advertise: str = ""
     metrics_port: int = 0
+    #: TOML file of users with their roles and salted SCRAM keys (docs/security.md).
+    #: Empty: authentication is off, and the server refuses a non-loopback ``host``.
+    users_file: str = ""
+    #: Port of a second, TLS listener (0: off); needs ``tls_cert`` and ``tls_key``.
+    tls_port: int = 0
+    #: PEM certificate chain and private key of the TLS listener.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: PEM CA file of client certificates: when set, TLS clients must present a
+    #: certificate it signed (mutual TLS).
+    tls_ca: str = ""
+    #: Seconds a TLS handshake may take before the connection is dropped.
+    tls_handshake_timeout: float = 10.0
+    #: The user this node's replication connections authenticate as to their sources
+    #: (empty: they do not authenticate). The password may come from the environment
+    #: (``DCP_REPLICATION_PASSWORD``) rather than a file or a flag.
+    replication_user: str = ""
+    replication_password: str = field(default="", repr=False)  # never in a log line
+    #: Connect to replication sources over TLS (their address is then a TLS port),
+    #: trusting the CAs in ``replication_tls_ca`` (empty: the system's).
+    replication_tls: bool = False
+    replication_tls_ca: str = ""
     #: Seconds a thread may hold the GIL while another waits for it (``sys.setswitchinterval``).
     #: The flusher and backfills run Python in worker threads; at CPython's 5 ms default
     #: the event loop could wait that long behind them (write-to-delivery p99).
@@ -92,8 +114,13 @@ class ServerConfig:
         n = self.num_vbuckets
         if n <= 0 or n & (n - 1) or n > 1024:
             raise ConfigError(f"num_vbuckets must be a power of two in 1..1024, not {n}")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be 0..65535, not {self.port}")
+        for name in ("port", "tls_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"{name} must be 0..65535, not {getattr(self, name)}")
+        if self.tls_port and not (self.tls_cert and self.tls_key):
+            raise ConfigError("tls_port needs tls_cert and tls_key (PEM files)")
+        if self.replication_password and not self.replication_user:
+            raise ConfigError("replication_password is set but replication_user is empty")
         for name in (
             "checkpoint_memory_quota",
             "max_item_size",
@@ -127,6 +154,7 @@ class ServerConfig:
             "kv_idle_timeout",
             "partial_frame_timeout",
             "durability_timeout",
+            "tls_handshake_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
@@ -142,7 +170,18 @@ class ServerConfig:
         return self
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
 def _coerce(name: str, typ: Any, raw: Any) -> Any:
+    if typ in (bool, "bool"):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ConfigError(f"{name}: cannot use {raw!r} (true or false)")
     try:
         if typ in (int, "int"):
             return int(raw)
@@ -161,9 +200,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One ``--flag`` per setting (``--data-dir``, ``--num-vbuckets``...)."""
     parser.add_argument("--config", help="TOML file with settings (same names as the flags)")
     for f in fields(ServerConfig):
-        parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, default=None, help=f"default: {f.default}"
-        )
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"default: {f.default}"
+        if f.type in (bool, "bool"):  # ``--replication-tls`` alone means true
+            parser.add_argument(
+                flag, dest=f.name, default=None, nargs="?", const="true", help=help_text
+            )
+        else:
+            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
 
 
 def load_config(
