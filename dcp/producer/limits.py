@@ -19,18 +19,23 @@ Rules of this module:
   frame would otherwise hold gigabytes for the whole partial-frame timeout. It runs when
   a connection reaches its own cap with output or with buffered input
   (``DcpServer.output_pressure``) and four times a second.
+- The TLS listener uses the same loop: a TLS connection is counted and limited like any
+  other from accept on; its task finishes the handshake first (``tls.handshake``,
+  bounded by ``tls_handshake_timeout``) and then runs the same ``Connection`` code.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
 
 from .connection import Connection
+from .tls import handshake
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -48,16 +53,39 @@ _GUARD_PERIOD = 0.25
 
 
 async def accept_connections(
-    server: DcpServer, listeners: list[trio.SocketListener], conns: trio.Nursery
+    server: DcpServer,
+    listeners: list[trio.SocketListener],
+    conns: trio.Nursery,
+    tls: Callable[[], ssl.SSLContext] | None = None,
 ) -> None:
-    """Accept on every listener until cancelled; connections run in ``conns``."""
+    """Accept on every listener until cancelled; connections run in ``conns``. With
+    ``tls`` (which returns the current context: a rotated certificate serves the next
+    connection), each connection is a TLS one."""
     async with trio.open_nursery() as nursery:
         for listener in listeners:
-            nursery.start_soon(_accept_loop, server, listener, conns)
+            nursery.start_soon(_accept_loop, server, listener, conns, tls)
+
+
+async def _serve_tls(server: DcpServer, conn: Connection, ctx: ssl.SSLContext) -> None:
+    """Finish ``conn``'s TLS handshake, then serve it; a failed or stalled handshake
+    closes it (it was counted in ``connections``, so it leaves them here)."""
+    done = False
+    try:
+        done = await handshake(conn, ctx, server.config.tls_handshake_timeout)
+    finally:  # failed, stalled, or the server stops meanwhile
+        if not done:
+            conn.closed = True
+            server.connection_closed(conn)
+            await trio.aclose_forcefully(conn.stream)
+    if done:
+        await server.serve_connection(conn)
 
 
 async def _accept_loop(
-    server: DcpServer, listener: trio.SocketListener, conns: trio.Nursery
+    server: DcpServer,
+    listener: trio.SocketListener,
+    conns: trio.Nursery,
+    tls: Callable[[], ssl.SSLContext] | None = None,
 ) -> None:
     metrics = server.metrics
     refused_logged_at = -_LOG_INTERVAL
@@ -80,7 +108,10 @@ async def _accept_loop(
         # counted now, not when its task starts: a burst of accepts cannot overshoot
         server.connections.add(conn)
         metrics.connections_total += 1
-        conns.start_soon(server.serve_connection, conn)
+        if tls is None:
+            conns.start_soon(server.serve_connection, conn)
+        else:
+            conns.start_soon(_serve_tls, server, conn, tls())
 
     await accept_with_backoff(listener, admit, metrics, "connections")
 

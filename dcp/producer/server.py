@@ -1,5 +1,6 @@
 """DcpServer: the composition root. It opens the engine, builds the server's parts,
-listens on one TCP port (KV and DCP) and owns every task.
+listens on one TCP port (KV and DCP), and on a second one speaking TLS when ``tls_port``
+is set, and owns every task.
 
 Rules of this module:
 - ``DcpServer`` builds the parts and wires them; each part owns its state and no other
@@ -7,8 +8,12 @@ Rules of this module:
   pause, the storage error, compaction, the final flush), ``Backfills`` (backfills.py:
   limiters and disk scans), ``StreamRegistry`` (stream_registry.py: streams by vbucket,
   the dirty set, housekeeping), the handler table (dispatch.py, handed to each
-  ``Connection``), the accept loop and output guard (limits.py). STAT and metrics read
-  the server through ``ServerView`` (server_view.py), which ``DcpServer`` satisfies.
+  ``Connection``), the accept loop and output guard (limits.py), the TLS context and
+  handshake (tls.py). STAT and metrics read the server through ``ServerView``
+  (server_view.py), which ``DcpServer`` satisfies.
+- Both listeners serve the same ``Connection`` code; the TLS context is built with the
+  server (a bad certificate stops it before the data directory is opened) and is read
+  at each accept, so ``reload_tls`` rotates the certificate for new connections.
 - ``DcpServer.run`` owns every task through nurseries: the background nursery (flusher,
   expiry, compaction, housekeeping, backfills, output guard, metrics) outlives the
   connection nursery, so a graceful stop can end streams, close connections, then flush
@@ -26,6 +31,7 @@ import contextlib
 import functools
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -45,6 +51,7 @@ from .metrics import ServerMetrics, serve_metrics
 from .persistence import Persistence
 from .replication.manager import ReplicationManager
 from .stream_registry import StreamRegistry
+from .tls import server_context
 from .vbucket_states import VBucketStates
 
 __all__ = ["DcpServer", "ServerConfig", "open_server"]
@@ -73,6 +80,13 @@ class DcpServer:
         #: what each connection's reader dispatches to (dispatch.py)
         self.handlers = handlers
         self.port = 0
+        #: the TLS listener's port (0: none)
+        self.tls_port = 0
+        #: the TLS listener's context (None: no TLS listener); ``reload_tls`` replaces it.
+        #: Built here: bad certificate files raise ``ConfigError`` before anything runs.
+        self.tls_context: ssl.SSLContext | None = (
+            server_context(self.config) if self.config.tls_port else None
+        )
         self.metrics_port = 0
         self.metrics = ServerMetrics()
         self.connections: set[Connection] = set()
@@ -159,12 +173,19 @@ class DcpServer:
                         self.config.port, host=self.config.host
                     )
                     self.port = listeners[0].socket.getsockname()[1]
+                    tls_listeners: list[trio.SocketListener] = []
+                    if self.tls_context is not None:
+                        tls_listeners = await trio.open_tcp_listeners(
+                            self.config.tls_port, host=self.config.host
+                        )
+                        self.tls_port = tls_listeners[0].socket.getsockname()[1]
                     await self._start_replication(bg)
-                    conns.start_soon(self._accept, listeners, conns)
+                    conns.start_soon(self._accept, listeners, tls_listeners, conns)
                     log.info(
-                        "listening host=%s port=%d data_dir=%s vbuckets=%d",
+                        "listening host=%s port=%d tls_port=%s data_dir=%s vbuckets=%d",
                         self.config.host,
                         self.port,
+                        self._tls_description(),
                         Path(self.config.data_dir).resolve(),
                         bucket.num_vbuckets,
                     )
@@ -218,9 +239,37 @@ class DcpServer:
                 log.info("expiry pager expired=%d", n)
                 self.stream_registry.wake_dirty()
 
-    async def _accept(self, listeners: list[trio.SocketListener], conns: trio.Nursery) -> None:
+    async def _accept(
+        self,
+        listeners: list[trio.SocketListener],
+        tls_listeners: list[trio.SocketListener],
+        conns: trio.Nursery,
+    ) -> None:
         with self._accept_scope:
-            await accept_connections(self, listeners, conns)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(accept_connections, self, listeners, conns)
+                if tls_listeners:
+                    nursery.start_soon(
+                        accept_connections, self, tls_listeners, conns, self._current_tls
+                    )
+
+    def _current_tls(self) -> ssl.SSLContext:
+        assert self.tls_context is not None
+        return self.tls_context
+
+    def _tls_description(self) -> str:
+        if not self.tls_port:
+            return "off"
+        mutual = " (client certificates required)" if self.config.tls_ca else ""
+        return f"{self.tls_port}{mutual}"
+
+    def reload_tls(self) -> None:
+        """Re-read ``tls_cert``/``tls_key``/``tls_ca`` (a rotated certificate): new TLS
+        connections use them, open ones keep theirs. Raises ``ConfigError`` and keeps the
+        current context when the files are bad."""
+        if self.tls_context is not None:
+            self.tls_context = server_context(self.config)
+            log.info("TLS certificate reloaded from %s", self.config.tls_cert)
 
     async def serve_connection(self, conn: Connection) -> None:
         """Run one accepted connection (``limits`` has added it to ``connections``)."""

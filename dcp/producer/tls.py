@@ -1,0 +1,105 @@
+"""The TLS listener's parts: the server's ``ssl.SSLContext`` and the handshake that must
+finish before a TLS connection is served.
+
+Rules of this module:
+- ``server_context`` builds the context from the settings (``tls_cert``, ``tls_key``;
+  ``tls_ca`` turns on mutual TLS: a client certificate signed by that CA is required).
+  A file that cannot be read or is not a certificate/key raises ``ConfigError`` naming
+  the setting, so a bad setting stops the server before it listens, and a rotation
+  (``DcpServer.reload_tls``) keeps the old context when the new files are bad.
+- ``handshake`` runs in the connection's own task (never in the accept loop, which must
+  not wait for one client), bounded by ``tls_handshake_timeout``: a client that connects
+  and stalls, or that sends garbage, is dropped and logged, and other clients never
+  notice. Only a finished handshake gives the connection its TLS stream; from then on
+  the connection runs the same ``Connection`` code as a plaintext one.
+- The streams are ``trio.SSLStream`` over the standard ``ssl`` module: no hand-written
+  record layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import TYPE_CHECKING
+
+import trio
+
+from .config import ConfigError, ServerConfig
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+__all__ = ["handshake", "is_tls", "peer_subject", "server_context"]
+
+log = logging.getLogger("dcp.server")
+
+
+def server_context(cfg: ServerConfig) -> ssl.SSLContext:
+    """The TLS listener's context (see the module rules). TLS 1.2 at least."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"tls_cert/tls_key: cannot load {cfg.tls_cert!r} with key {cfg.tls_key!r}: {exc}"
+        ) from exc
+    if cfg.tls_ca:
+        try:
+            ctx.load_verify_locations(cafile=cfg.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"tls_ca: cannot load {cfg.tls_ca!r}: {exc}") from exc
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    else:
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def is_tls(stream: trio.abc.Stream) -> bool:
+    """Whether ``stream`` is encrypted (e.g. PLAIN may only be used over TLS or loopback)."""
+    return isinstance(stream, trio.SSLStream)
+
+
+def peer_subject(stream: trio.abc.Stream) -> str:
+    """The client certificate's common name ("" without one): for log lines."""
+    if not isinstance(stream, trio.SSLStream):
+        return ""
+    cert = stream.getpeercert()
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return ""
+
+
+async def handshake(conn: Connection, ctx: ssl.SSLContext, timeout: float) -> bool:
+    """Wrap ``conn.stream`` in TLS and finish the handshake within ``timeout`` seconds.
+    True: ``conn.stream`` is now the TLS stream. False: the handshake failed or stalled;
+    the caller closes the connection (``conn.close_reason`` says why)."""
+    # https_compatible: a client that closes its socket without a close_notify is seen as
+    # a plain EOF. Truncation cannot hide in this protocol: every frame carries its
+    # length, so a cut frame is still an incomplete frame.
+    tls = trio.SSLStream(conn.stream, ctx, server_side=True, https_compatible=True)
+    with trio.move_on_after(timeout):
+        try:
+            await tls.do_handshake()
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            cause = exc.__cause__ or exc
+            conn.close_reason = f"TLS handshake failed: {cause}"
+            log.info("TLS handshake failed id=%d peer=%s: %s", conn.id, conn.peer, cause)
+            return False
+        conn.stream = tls
+        log.debug(
+            "TLS connection id=%d peer=%s %s %s client=%s",
+            conn.id,
+            conn.peer,
+            tls.version(),
+            (tls.cipher() or ("?",))[0],
+            peer_subject(tls) or "-",
+        )
+        return True
+    conn.close_reason = f"TLS handshake not done within tls_handshake_timeout={timeout:g} s"
+    log.info(
+        "TLS handshake timed out id=%d peer=%s after %g s: closed", conn.id, conn.peer, timeout
+    )
+    return False
