@@ -7,10 +7,11 @@ so it gets nothing more) and is promoted; W3 is written to B; A restarts with
 ``--replica-of B``. (Freezing B with SIGSTOP instead is not enough: what A sent while B
 was frozen waits in B's socket buffer and B reads it once continued, before it sees the
 connection end, so B would hold W2 too.) Every vbucket of A that took W2 must roll back to
-exactly the seqno B had (H_B) when it was frozen, when W2 only created keys (each
-undone version has revision 1: nothing older to restore); when W2 changed keys that
-existed before, A cannot restore them without history and resets those vbuckets to 0
-and re-syncs in full. Either way A then holds B's history byte for byte.
+exactly the seqno B had (H_B) when it was killed, when W2 only created keys (each
+undone version has revision 1: nothing older to restore), or when W2 changed keys that
+existed before and A keeps a history window (the older versions are still on disk);
+without history A cannot restore changed keys and resets those vbuckets to 0 and
+re-syncs in full. Either way A then holds B's history byte for byte.
 
 Rules of this module: real processes on loopback (``nodes.py``), 16 vbuckets, every
 wait bounded.
@@ -30,6 +31,10 @@ from .nodes import HOST, assert_same, dcpctl, dump, until, wait_caught_up
 
 NVB = 16
 W2_VBS = range(0, NVB, 2)  # the even vbuckets take W2; the odd ones must not roll back
+#: superseded versions kept on disk (a history window) or not: only with them can a
+#: rollback undo an update of a key that existed before the rollback seqno
+HISTORY = ["--history-seconds", "3600", "--history-bytes", str(1 << 30)]
+NO_HISTORY = ["--history-seconds", "0", "--history-bytes", "0"]
 
 
 def keys_in(vbs: range | list[int], per_vb: int, prefix: str) -> list[bytes]:
@@ -47,12 +52,17 @@ def keys_in(vbs: range | list[int], per_vb: int, prefix: str) -> list[bytes]:
     raise AssertionError("unreachable")
 
 
-@pytest.mark.parametrize("w2_updates_existing_keys", [False, True], ids=["new-keys", "updates"])
+@pytest.mark.parametrize(
+    ("w2_updates_existing_keys", "history", "exact"),
+    [(False, False, True), (True, False, False), (True, True, True)],
+    ids=["new-keys", "updates-no-history", "updates-history"],
+)
 async def test_old_active_rolls_back_its_unreplicated_tail_and_converges_to_the_new_active(
-    cluster: Cluster, w2_updates_existing_keys: bool
+    cluster: Cluster, w2_updates_existing_keys: bool, history: bool, exact: bool
 ) -> None:
-    a = await cluster.node("a", NVB).start()
-    b = await cluster.node("b", NVB, ["--replica-of", a.address]).start()
+    args = HISTORY if history else NO_HISTORY
+    a = await cluster.node("a", NVB, args).start()
+    b = await cluster.node("b", NVB, [*args, "--replica-of", a.address]).start()
     w1 = keys_in(range(NVB), 6, "w1")
     async with KvClient(HOST, a.port, num_vbuckets=NVB) as kv:
         await kv.set_many({k: b"one:" + k for k in w1})
@@ -87,7 +97,7 @@ async def test_old_active_rolls_back_its_unreplicated_tail_and_converges_to_the_
     await a.start("--replica-of", b.address)
     await wait_caught_up(b, a)
     await until(_no_lag(a), "A's replication of B to settle", 30)
-    expected = {vb: (0 if w2_updates_existing_keys else h_b[vb], h_b[vb]) for vb in W2_VBS}
+    expected = {vb: (h_b[vb] if exact else 0, h_b[vb]) for vb in W2_VBS}
     assert a.rollbacks_logged() == expected
     st = await a.stats("replication")
     # ROLLBACK answers from B: one per vbucket for the failover entry A's own warm-up after
