@@ -32,6 +32,8 @@ __all__ = [
     "OptionError",
     "RangeUnavailableError",
     "RollbackDetectedError",
+    "current_documents",
+    "live_changes",
     "register",
 ]
 
@@ -43,12 +45,18 @@ def __getattr__(name: str) -> Any:
         from . import source
 
         return getattr(source, name)
+    if name in ("current_documents", "live_changes"):
+        from . import apply
+
+        return getattr(apply, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(spark: Any) -> None:
-    """Register the ``dcp`` format on a session explicitly (normally not needed: Spark
-    finds the installed ``pyspark_dcp`` module by itself)."""
+    """Register the ``dcp`` format on a session explicitly. Spark finds the installed
+    ``pyspark_dcp`` module by itself only when it sees it on its module listing, which an
+    editable install hides outside the repository root (docs/spark.md, "Install");
+    registering twice is harmless."""
     from .source import DcpDataSource
 
     spark.dataSource.register(DcpDataSource)

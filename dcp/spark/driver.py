@@ -233,7 +233,20 @@ class Planner:
         self.check_reached(given, "endingOffsets")
         # vbuckets not named end at their high seqno, like Kafka's -1 ("latest")
         named = _named_vbuckets(self.cfg.ending_offsets)
-        return {vb: (given[vb] if vb in named else VbPosition(0, highs[vb])) for vb in vbs}
+        return self.on_branches(
+            {vb: (given[vb] if vb in named else VbPosition(0, highs[vb])) for vb in vbs}
+        )
+
+    def on_branches(self, offsets: Offsets) -> Offsets:
+        """Positions given without a uuid, on the branch that holds them now (a stream
+        request needs one)."""
+        _, logs = self.refresh()
+        out: Offsets = {}
+        for vb, p in offsets.items():
+            if not p.uuid and p.seqno:
+                p = VbPosition(branch_uuid(logs.get(vb, ()), p.seqno), p.seqno, None, p.prev, p.gen)
+            out[vb] = p
+        return out
 
     def warn_without_history(self) -> bool:
         """Warn (once per planner) when the server keeps no change history; True if it does."""

@@ -139,7 +139,7 @@ class DcpBatchReader(DataSourceReader):
         planner = Planner(self.cfg)
         try:
             end = planner.ending_offsets()
-            start = planner.initial_offsets()
+            start = planner.on_branches(planner.initial_offsets())
         finally:
             planner.close()
         for vb, e in end.items():

@@ -23,12 +23,12 @@ class ThreadServer:
     flush, no clean-shutdown marker; a new ``ThreadServer`` on the same directory then
     recovers like after ``kill -9``."""
 
-    def __init__(self, data_dir: Path, num_vbuckets: int = 16, **kw: Any) -> None:
+    def __init__(self, data_dir: Path, num_vbuckets: int = 16, port: int = 0, **kw: Any) -> None:
         self.data_dir = data_dir
         self.num_vbuckets = num_vbuckets
         self.config = ServerConfig(
             host="127.0.0.1",
-            port=0,
+            port=port,
             data_dir=str(data_dir),
             num_vbuckets=num_vbuckets,
             log_level="WARNING",
