@@ -105,3 +105,78 @@ def test_a_rollback_at_the_start_offset_fails_planning_or_rewinds(tmp_path):
         )
     finally:
         s.stop()
+
+
+def test_a_server_without_history_is_named_once_at_query_start(tmp_path, caplog):
+    from .conftest import NO_HISTORY
+
+    s = ThreadServer(tmp_path / "off", **NO_HISTORY)
+    try:
+        r = _reader(s)
+        with caplog.at_level("WARNING", logger="dcp.spark"):
+            r.latestOffset(r.initialOffset(), ReadAllAvailable())
+            r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    finally:
+        s.stop()
+    warned = [m for m in caplog.messages if "keeps no change history" in m]
+    assert len(warned) == 1 and "history_seconds" in warned[0]
+
+
+def test_the_default_server_gives_no_history_warning(server, caplog):
+    r = _reader(server)
+    with caplog.at_level("WARNING", logger="dcp.spark"):
+        r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    assert not [m for m in caplog.messages if "history" in m]
+
+
+def test_a_refused_first_connection_fails_at_once_naming_the_options(server):
+    import socket
+    import time
+
+    from dcp.spark.errors import RangeUnavailableError
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    r = DcpStreamReader({"port": str(port), "retryTimeout": "30"}, None)
+    t = time.monotonic()
+    with pytest.raises(RangeUnavailableError, match="refused the connection") as info:
+        r.initialOffset()
+    assert time.monotonic() - t < 5  # not the 30 s of retries
+    assert "retryTimeout=forever" in str(info.value) and "port" in str(info.value)
+
+
+def test_a_server_gone_for_longer_than_retry_timeout_names_the_option(tmp_path):
+    from dcp.spark.errors import RangeUnavailableError
+
+    s = ThreadServer(tmp_path / "d")
+    r = _reader(s, retryTimeout="0.5", planCacheMs="0")
+    start = r.initialOffset()
+    s.stop()
+    with pytest.raises(RangeUnavailableError, match=r"retryTimeout=0\.5") as info:
+        r.latestOffset(start, ReadAllAvailable())
+    assert "forever" in str(info.value)
+
+
+def test_min_rows_waits_for_enough_changes_or_the_delay(server):
+    r = _reader(server, minOffsetsPerTrigger="20", maxTriggerDelay="1s", planCacheMs="0")
+    start = r.initialOffset()
+    with server.kv() as kv:
+        kv.set_many({f"k{i}": b"v" for i in range(5)})
+    assert r.latestOffset(start, r.getDefaultReadLimit()) == start  # 5 < 20: wait
+    import time
+
+    time.sleep(1.1)
+    end = r.latestOffset(start, r.getDefaultReadLimit())  # the delay passed: go
+    assert sum(p["s"] for p in end["vb"].values()) == 5
+
+
+def test_executors_without_pyarrow_get_a_direct_error(monkeypatch):
+    import sys
+
+    from dcp.spark.errors import DcpSparkError
+    from dcp.spark.source import _need_pyarrow
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow -> ImportError
+    with pytest.raises(DcpSparkError, match="PYSPARK_PYTHON"):
+        _need_pyarrow()
