@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import trio
 
 from dcp.consumer import DcpClient, MemoryOffsetStore, RollbackEvent
 
 from .conftest import Cluster
-from .nodes import HOST, Load, VbDump, assert_same, row, until, wait_caught_up
+from .nodes import HOST, Load, VbDump, assert_same, compare_dumps, row, until, wait_caught_up
 
 SEED = 14
 
@@ -101,3 +102,24 @@ async def test_sdk_consumer_of_the_replica_sees_the_snapshots_and_items_of_the_a
         assert next_b[vb].items == next_a[vb].items, vb
         assert all(r[2] > offsets_a[vb].seqno for r in next_b[vb].items)
     cluster.assert_no_crash()
+
+
+def test_the_item_check_tells_any_field_or_a_missing_version_apart() -> None:
+    """The convergence check is not vacuous: one changed field, a missing key, a missing
+    tombstone or a stream that stops short each fail it."""
+    m = ("mutation", b"k", 3, 2, 0x1234, 7, 0, 1, b'{"a":1}', None)
+    d = ("deletion", b"j", 4, 5, 0x1240, None, None, 0, b"", 99)
+    old = ("mutation", b"k", 1, 1, 0x1200, 0, 0, 0, b"x", None)
+
+    def dumps(*rows):
+        return {0: VbDump([(1, 4)], list(rows))}
+
+    assert compare_dumps(dumps(old, m, d), dumps(m, d), {0: 4}, [0]) == 2
+    for i in range(2, 10):  # every field but kind and key
+        changed = (*m[:i], (m[i] or 0) + 1 if isinstance(m[i], int) else b"y", *m[i + 1 :])
+        with pytest.raises(AssertionError, match="newest items differ"):
+            compare_dumps(dumps(m, d), dumps(changed, d), {0: 4}, [0])
+    with pytest.raises(AssertionError, match=r"only on the first node \[b'j'\]"):
+        compare_dumps(dumps(m, d), dumps(m), {0: 4}, [0])
+    with pytest.raises(AssertionError, match="streamed up to 3, high seqno 4"):
+        compare_dumps(dumps(m), dumps(m), {0: 4}, [0])
