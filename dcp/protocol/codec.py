@@ -114,6 +114,9 @@ __all__ = [
     "parse_stream_request",
     "request",
     "response",
+    "sasl_auth",
+    "sasl_list_mechs",
+    "sasl_step",
     "seqno_advanced",
     "snapshot_marker",
     "store_extras",
@@ -467,6 +470,27 @@ def parse_hello_features(value: bytes) -> list[int]:
     if len(value) % 2:
         raise RemoteProtocolError("HELLO value must be a list of 16-bit feature codes")
     return [U16.unpack_from(value, i)[0] for i in range(0, len(value), 2)]
+
+
+def sasl_list_mechs(opaque: int = 0) -> bytes:
+    """SASL_LIST_MECHS: header only; the answer is the mechanisms, space-separated."""
+    return request(Opcode.SASL_LIST_MECHS, opaque=opaque)
+
+
+def _sasl(opcode: int, mechanism: str, data: bytes, opaque: int) -> bytes:
+    if not mechanism:
+        raise LocalProtocolError("SASL needs a mechanism name (key)")
+    return request(opcode, opaque=opaque, key=mechanism.encode(), value=data)
+
+
+def sasl_auth(mechanism: str, data: bytes, opaque: int = 0) -> bytes:
+    """SASL_AUTH: key = mechanism, value = the client's first message (dcp/protocol/sasl.py)."""
+    return _sasl(Opcode.SASL_AUTH, mechanism, data, opaque)
+
+
+def sasl_step(mechanism: str, data: bytes, opaque: int = 0) -> bytes:
+    """SASL_STEP: key = mechanism, value = the client's next message."""
+    return _sasl(Opcode.SASL_STEP, mechanism, data, opaque)
 
 
 def json_value(obj: object) -> bytes:

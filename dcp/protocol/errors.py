@@ -15,6 +15,8 @@ from __future__ import annotations
 from .opcodes import Status
 
 __all__ = [
+    "AccessDenied",
+    "AuthenticationError",
     "DcpStreamIdInvalid",
     "InvalidArguments",
     "KeyExists",
@@ -147,6 +149,20 @@ class SyncWriteAmbiguous(StatusError):
         super().__init__(status, f"{message}; {advice}" if message else advice, value)
 
 
+class AuthenticationError(StatusError):
+    """Authentication failed: the server answered AUTH_ERROR (bad user, password or
+    mechanism), or the server's own SCRAM signature did not check out (``sasl.py``)."""
+
+    def __init__(
+        self, status: int = Status.AUTH_ERROR, message: str = "", value: bytes = b""
+    ) -> None:
+        super().__init__(status, message, value)
+
+
+class AccessDenied(StatusError):
+    """EACCESS: not authenticated yet, or the user lacks the privilege the request needs."""
+
+
 _BY_STATUS: dict[int, type[StatusError]] = {
     Status.KEY_ENOENT: KeyNotFound,
     Status.KEY_EEXISTS: KeyExists,
@@ -163,6 +179,8 @@ _BY_STATUS: dict[int, type[StatusError]] = {
     Status.EBUSY: TemporaryFailure,
     Status.DCP_STREAMID_INVALID: DcpStreamIdInvalid,
     Status.SYNC_WRITE_AMBIGUOUS: SyncWriteAmbiguous,
+    Status.AUTH_ERROR: AuthenticationError,
+    Status.EACCESS: AccessDenied,
 }
 
 

@@ -63,6 +63,9 @@ class Opcode(IntEnum):
     VERSION = 0x0B
     STAT = 0x10
     HELLO = 0x1F
+    SASL_LIST_MECHS = 0x20
+    SASL_AUTH = 0x21
+    SASL_STEP = 0x22
     SET_VBUCKET_STATE = 0x3D
     GET_VBUCKET = 0x3E
     GET_ALL_VB_SEQNOS = 0x48
@@ -99,6 +102,7 @@ class Status(IntEnum):
     DCP_STREAM_NOT_FOUND = 0x0A
     OPAQUE_NO_MATCH = 0x0B
     AUTH_ERROR = 0x20
+    AUTH_CONTINUE = 0x21
     ERANGE = 0x22
     ROLLBACK = 0x23
     EACCESS = 0x24
