@@ -18,6 +18,8 @@ from .batches import (
 from .blocking import BlockingDcpClient, BlockingKvClient
 from .client import DcpClient
 from .errors import (
+    AccessDenied,
+    AuthenticationError,
     BatchWriteError,
     ClientClosedError,
     ConnectionLostError,
@@ -32,6 +34,7 @@ from .errors import (
     StatusError,
     StreamError,
     SyncWriteAmbiguous,
+    TlsError,
     TransientError,
     UsageError,
 )
@@ -42,6 +45,8 @@ from .offset_store import FileOffsetStore, MemoryOffsetStore, OffsetStore
 from .rollback import RollbackPolicy
 
 __all__ = [
+    "AccessDenied",
+    "AuthenticationError",
     "BatchWriteError",
     "BlockingDcpClient",
     "BlockingKvClient",
@@ -75,6 +80,7 @@ __all__ = [
     "StreamEnd",
     "StreamError",
     "SyncWriteAmbiguous",
+    "TlsError",
     "TransientError",
     "UsageError",
 ]

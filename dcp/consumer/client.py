@@ -22,6 +22,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import ssl
 from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,6 +40,7 @@ from .errors import DcpClientError, UsageError
 from .offset import Offset, StartFrom
 from .offset_store import OffsetStore
 from .rollback import RollbackPolicy
+from .security import resolve
 from .supervisor import Connector, Supervisor
 
 __all__ = ["DcpClient"]
@@ -94,7 +96,13 @@ class DcpClient:
         stream_flags: extra DCP_STREAM_REQ flags (``StreamRequestFlag``).
         receive_size: bytes per socket read.
         max_queue_bytes: bound of the delivery queue when flow control is off.
-        connector: ``async () -> trio.abc.Stream`` replacing the TCP connect (TLS, tests).
+        connector: ``async () -> trio.abc.Stream`` replacing the TCP connect (tests).
+        username, password, mechanism: authenticate after HELLO (SCRAM-SHA512 unless
+            ``mechanism`` says otherwise; "PLAIN" only when asked); default from
+            ``DCP_USERNAME``/``DCP_PASSWORD``. Refused: ``AuthenticationError``.
+        tls, tls_ca, tls_cert: TLS (an ``ssl.SSLContext``, or True for the system's
+            CAs; a CA file and a client certificate PEM turn it on too); default from
+            ``DCP_TLS_CA``/``DCP_TLS_CERT``/``DCP_TLS_KEY`` (``security.py``).
     """
 
     def __init__(
@@ -122,7 +130,22 @@ class DcpClient:
         max_queue_bytes: int = 64 * 1024 * 1024,
         max_body_size: int = DEFAULT_MAX_BODY_SIZE,
         connector: Connector | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        mechanism: str | None = None,
+        tls: ssl.SSLContext | bool | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
     ) -> None:
+        security = resolve(
+            host,
+            username=username,
+            password=password,
+            mechanism=mechanism,
+            tls=tls,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+        )
         cfg = settings(
             host=host,
             port=port,
@@ -145,6 +168,7 @@ class DcpClient:
             max_queue_bytes=max_queue_bytes,
             max_body_size=max_body_size,
             connector=connector,
+            security=security,
         )
         self._cfg = cfg.connection
         self._store = offset_store

@@ -19,6 +19,7 @@ from .errors import UsageError
 from .offset import Offset, StartFrom
 from .offset_store import OffsetStore
 from .rollback import RollbackPolicy
+from .security import Credentials, Security
 
 __all__ = ["ClientSettings", "ConnectionConfig", "settings"]
 
@@ -41,6 +42,8 @@ class ConnectionConfig:
     receive_size: int
     max_queue_bytes: int
     max_body_size: int
+    #: authenticate after HELLO as this user (None: do not authenticate)
+    credentials: Credentials | None = None
 
 
 @dataclass(slots=True)
@@ -75,14 +78,18 @@ def settings(
     max_queue_bytes: int,
     max_body_size: int,
     connector: Connector | None,
+    security: Security | None = None,
 ) -> ClientSettings:
-    """Validate ``DcpClient``'s arguments (raises ``UsageError``)."""
+    """Validate ``DcpClient``'s arguments (raises ``UsageError``). ``security``
+    (``security.resolve``): TLS wraps whatever ``connector`` opens."""
     if connector is None:
         if not isinstance(host, str) or not host:
             raise UsageError(f"host must be a non-empty string, not {host!r}")
         if type(port) is not int or not 0 < port < 65536:
             raise UsageError(f"port must be an int in 1..65535, not {port!r}")
         connector = functools.partial(trio.open_tcp_stream, host, port)
+    if security is not None and security.tls is not None:
+        connector = functools.partial(security.connect, connector)
     vbs = _check_vbuckets(vbuckets)
     try:
         start_from = StartFrom(start)
@@ -127,6 +134,7 @@ def settings(
         receive_size=receive_size,
         max_queue_bytes=max_queue_bytes,
         max_body_size=max_body_size,
+        credentials=security.credentials if security is not None else None,
     )
     return ClientSettings(conn, connector, vbs, start_from, explicit)
 

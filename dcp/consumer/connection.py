@@ -8,7 +8,9 @@ Rules of this module:
   ignored (their bytes still count for flow control).
 - Bootstrap (HELLO, DCP_OPEN, DCP_CONTROLs) is pipelined in one write; responses are
   matched by opaque by the reader task. A refused control degrades gracefully: no noop
-  means no dead-connection detection, no window means no flow control.
+  means no dead-connection detection, no window means no flow control. With
+  credentials, HELLO goes alone, then the SASL exchange (``security.authenticate``),
+  then the rest in one write: a server with authentication on refuses DCP_OPEN before.
 - Stream requests are sent by one opener task from a due-time heap (immediate opens,
   reopens after a stream end, retries with backoff), many per write; a vbucket whose
   start equals its end seqno 0 is done without a request.
@@ -39,6 +41,7 @@ from .errors import ConnectionLostError, DeadConnectionError
 from .offset import FailoverLog
 from .positions import Session
 from .reader import StreamReader
+from .security import authenticate, closed_message, tls_failure
 from .snapshot_buffer import StreamBuffer
 
 __all__ = ["ConnectionConfig", "DcpConnection"]
@@ -96,6 +99,7 @@ class DcpConnection:
         self._by_vb: dict[int, StreamBuffer] = {}
         self._open_heap: list[tuple[float, int]] = []
         self._opener_wake = trio.Event()
+        self._received = False  # anything read yet (``closed_message``)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -168,6 +172,18 @@ class DcpConnection:
                 a plain NOOP probes the server (its noop timer may not run yet).
             ConnectionLostError: the server closed the connection.
         """
+        try:
+            data = await self._receive(size)
+            self._received = True
+            return data
+        except trio.BrokenResourceError as exc:
+            # e.g. a TLS 1.3 server refusing our certificate says so after the handshake
+            failure = tls_failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc.__cause__
+
+    async def _receive(self, size: int) -> bytes | bytearray:
         receive = self._stream.receive_some
         probe_after = self.probe_after
         if probe_after is None:
@@ -186,7 +202,7 @@ class DcpConnection:
                         f"nothing received for {2 * probe_after:g}s (2 x noop interval)"
                     )
         if not data:
-            raise ConnectionLostError("the server closed the connection")
+            raise ConnectionLostError(closed_message(self._stream, self._received))
         return data
 
     def answered(self, opaque: int, frame: Frame) -> None:
@@ -221,18 +237,25 @@ class DcpConnection:
         ]
         if cfg.include_expirations:
             controls.append(("enable_expiry_opcode", "true"))
-        reqs = []
         o = self.next_opaque()
-        reqs.append((o, codec.hello(cfg.agent, [int(f) for f in HELLO_FEATURES], opaque=o)))
+        reqs = [(o, codec.hello(cfg.agent, [int(f) for f in HELLO_FEATURES], opaque=o))]
+        frames: list[Frame] = []
+        if cfg.credentials is not None:
+            frames = await self.call(reqs)
+            reqs = []
+            await authenticate(self._ask, cfg.credentials)
         o = self.next_opaque()
         reqs.append((o, codec.dcp_open(cfg.name, int(flags), opaque=o)))
         for key, value in controls:
             o = self.next_opaque()
             reqs.append((o, codec.dcp_control(key, value, opaque=o)))
-        frames = await self.call(reqs)
+        frames += await self.call(reqs)
         for what, f in zip(("HELLO", "DCP_OPEN"), frames[:2], strict=True):
             if f.status != Status.SUCCESS:
-                err = for_status(f.status, bytes(f.value), f"{what} refused")
+                hint = ""
+                if f.status == Status.EACCESS and cfg.credentials is None:
+                    hint = " (the server requires authentication: username= and password=)"
+                err = for_status(f.status, bytes(f.value), f"{what} refused{hint}")
                 if err.retriable:
                     raise ConnectionLostError(f"{what}: {err}") from err
                 raise err
@@ -241,6 +264,12 @@ class DcpConnection:
             self.probe_after = cfg.noop_interval
         if cfg.buffer_size and not ok["connection_buffer_size"]:
             self.fc.enabled = False
+
+    async def _ask(self, build: Callable[[int], bytes]) -> tuple[int, bytes]:
+        """One request of the SASL exchange and its answer (``security.Ask``)."""
+        o = self.next_opaque()
+        (f,) = await self.call([(o, build(o))])
+        return f.status, bytes(f.value)
 
     async def get_all_vb_seqnos(self) -> list[tuple[int, int]]:
         o = self.next_opaque()

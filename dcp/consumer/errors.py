@@ -9,8 +9,10 @@ Rules of this module:
   timeout does the caller see ``RetryTimeoutError``, carrying what is known (the
   operation, the vbucket if any, attempts, the last error as ``__cause__``).
 - Outcomes the application must decide about are their own classes: ``RollbackError``
-  (rollback policy "fail") and ``StreamError`` (the server refused a stream for a reason
-  retrying cannot fix). Server status errors of single KV operations are the protocol
+  (rollback policy "fail"), ``StreamError`` (the server refused a stream for a reason
+  retrying cannot fix) and ``TlsError`` (a certificate or TLS mismatch). Refused
+  credentials are the protocol's ``AuthenticationError``, a missing privilege its
+  ``AccessDenied``: never retried. Server status errors of single KV operations are the protocol
   layer's ``StatusError`` family (``KeyNotFound``, ``KeyExists``, ``SyncWriteAmbiguous``
   for a durable write whose outcome is unknown...), re-exported here.
 """
@@ -18,6 +20,8 @@ Rules of this module:
 from __future__ import annotations
 
 from dcp.protocol.errors import (
+    AccessDenied,
+    AuthenticationError,
     KeyExists,
     KeyNotFound,
     NotStored,
@@ -26,6 +30,8 @@ from dcp.protocol.errors import (
 )
 
 __all__ = [
+    "AccessDenied",
+    "AuthenticationError",
     "BatchWriteError",
     "ClientClosedError",
     "ConnectionLostError",
@@ -40,6 +46,7 @@ __all__ = [
     "StatusError",
     "StreamError",
     "SyncWriteAmbiguous",
+    "TlsError",
     "TransientError",
     "UsageError",
 ]
@@ -138,6 +145,12 @@ class StreamError(DcpClientError):
         self.status = status
         self.detail = detail
         super().__init__(f"vbucket {vbucket}: {detail} (status/reason 0x{status:02x})")
+
+
+class TlsError(DcpClientError):
+    """The TLS handshake failed for a reason retrying cannot fix: the server's certificate
+    is not trusted or does not name the host, the server refused our certificate, or the
+    port does not speak TLS."""
 
 
 class BatchWriteError(DcpClientError):

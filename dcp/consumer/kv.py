@@ -28,6 +28,7 @@ Rules of this module:
 from __future__ import annotations
 
 import functools
+import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
@@ -59,6 +60,7 @@ from .kv_requests import (
     with_durability_timeout,
 )
 from .kv_results import GetResult, MutationResult
+from .security import resolve
 
 __all__ = ["DocValue", "KvClient", "KvItems"]
 
@@ -85,6 +87,8 @@ class KvClient:
         num_vbuckets: the server's vbucket count (a power of two).
         timeout: seconds an operation (with its retries) may take.
         connector: ``async () -> trio.abc.Stream`` replacing the TCP connect.
+        username, password, mechanism, tls, tls_ca, tls_cert: credentials and TLS, as
+            ``DcpClient`` takes them (``security.py``; env ``DCP_USERNAME``...).
     """
 
     def __init__(
@@ -96,11 +100,29 @@ class KvClient:
         timeout: float = 10.0,
         connector: Connector | None = None,
         agent: str = "dcp-kv/0.1",
+        username: str | None = None,
+        password: str | None = None,
+        mechanism: str | None = None,
+        tls: ssl.SSLContext | bool | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
     ) -> None:
+        security = resolve(
+            host,
+            username=username,
+            password=password,
+            mechanism=mechanism,
+            tls=tls,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+        )
         if connector is None:
             if type(port) is not int or not 0 < port < 65536:
                 raise UsageError(f"port must be an int in 1..65535, not {port!r}")
             connector = functools.partial(trio.open_tcp_stream, host, port)
+        if security.tls is not None:
+            connector = functools.partial(security.connect, connector)
+        self._credentials = security.credentials
         if num_vbuckets <= 0 or num_vbuckets & (num_vbuckets - 1):
             raise UsageError(f"num_vbuckets must be a power of two, not {num_vbuckets!r}")
         if not timeout > 0:
@@ -198,6 +220,8 @@ class KvClient:
                 conn.features = set()
             elif f.status == Status.SUCCESS:
                 conn.features = set(codec.parse_hello_features(bytes(f.value)))
+            if self._credentials is not None:
+                await conn.authenticate(self._credentials)
             self._conn = conn
             return conn
 

@@ -13,18 +13,25 @@ Rules of this module:
 - The session validates every header before its body is awaited; a frame that breaks
   the protocol fails the connection. A failed connection fails every waiting batch
   (their answers become None) and every later call; ``KvClient`` decides what may be
-  retried.
+  retried. A failure TLS itself caused (a refused client certificate) fails it with a
+  ``TlsError``, which nothing retries.
+- ``authenticate`` runs the SASL exchange (``security.authenticate``) right after HELLO,
+  before any other request.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import trio
 
 from dcp.protocol import events
 from dcp.protocol.frames import Frame
+from dcp.protocol.opcodes import Status
 from dcp.protocol.session import ClientSession
 
 from .errors import ConnectionLostError
+from .security import Credentials, authenticate, closed_message, tls_failure
 
 __all__ = ["Answer", "Batch", "KvConnection", "Op", "WriteOk"]
 
@@ -79,10 +86,12 @@ class KvConnection:
             receive = self.stream.receive_some
             decode = self.proto.receive_data
             waiting = self.waiting
+            received = 0
             while True:
                 data = await receive(256 * 1024)
                 if not data:
-                    raise ConnectionLostError("the server closed the connection")
+                    raise ConnectionLostError(closed_message(self.stream, received))
+                received += len(data)
                 for e in decode(data):
                     if type(e) is not events.Answer:
                         continue
@@ -100,7 +109,7 @@ class KvConnection:
             self.fail(
                 exc
                 if isinstance(exc, ConnectionLostError)
-                else ConnectionLostError(f"connection failed: {exc!r}")
+                else tls_failure(exc) or ConnectionLostError(f"connection failed: {exc!r}")
             )
         finally:
             await trio.aclose_forcefully(self.stream)
@@ -133,3 +142,16 @@ class KvConnection:
             self.fail(ConnectionLostError(f"send failed: {exc!r}"))
         await batch.event.wait()
         return batch
+
+    async def authenticate(self, credentials: Credentials) -> None:
+        """The SASL exchange as ``credentials`` (``security.authenticate``)."""
+        await authenticate(self._ask, credentials)
+
+    async def _ask(self, build: Callable[[int], bytes]) -> tuple[int, bytes]:
+        frame = build(0)  # the session patches the opaque in (see the module rules)
+        (answer,) = await self.roundtrip([Op(frame[1], b"", 0, frame, False)])
+        if answer is None:
+            raise self.error or ConnectionLostError("no answer during authentication")
+        if isinstance(answer, tuple):  # SUCCESS with nothing but a CAS (e.g. PLAIN)
+            return Status.SUCCESS, b""
+        return answer.status, bytes(answer.value)
