@@ -29,7 +29,9 @@ Rules of this module:
 - The start of an incomplete frame is recorded (``conn.partial_since``) for the
   partial-frame timeout; it is cleared while the reader waits on its own output.
 - Bad input never escapes: a malformed frame gets EINVAL; a broken byte stream gets one
-  EINVAL and the connection is closed.
+  EINVAL and the connection is closed. A handler that must end the connection after
+  its answer (the third failed authentication, auth.py) raises ``CloseAfterAnswer``:
+  what is queued is sent (for up to a second), then the connection closes.
 """
 
 from __future__ import annotations
@@ -47,10 +49,14 @@ from ..protocol.opcodes import Status
 if TYPE_CHECKING:
     from .connection import Connection
 
-__all__ = ["read_requests"]
+__all__ = ["CloseAfterAnswer", "read_requests"]
 
 log = logging.getLogger("dcp.conn")
 _RECEIVE_SIZE = 256 * 1024
+
+
+class CloseAfterAnswer(Exception):
+    """Raised by a handler (its answer already queued): close once the answer is sent."""
 
 
 async def read_requests(conn: Connection) -> None:
@@ -125,6 +131,10 @@ async def read_requests(conn: Connection) -> None:
                     handler(conn, ev)
                 except RemoteProtocolError as exc:
                     conn.error(ev.opcode, Status.EINVAL, ev.opaque, str(exc))
+                except CloseAfterAnswer as exc:
+                    await conn.drain(1.0)
+                    conn.close_reason = str(exc)
+                    return
                 if conn.closed:
                     return
                 if conn.continuation is not None:
