@@ -7,6 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from dcp.producer.engine import Bucket
+from dcp.producer.engine.checkpoint_manager import CheckpointManager, CheckpointMemory
 from dcp.producer.engine.errors import ReplicationError
 from dcp.producer.engine.item import Item, ItemOp
 from dcp.protocol.errors import NotMyVbucket, TemporaryFailure
@@ -256,3 +257,36 @@ def test_dropping_the_newest_branch_keeps_the_data(open_bucket: Callable[..., Bu
     assert vb.drop_newest_failover_entry()
     assert vb.replication_position() == (1, 1, 1, older) and vb.high_seqno == 1
     assert not vb.drop_newest_failover_entry()  # the last entry stays
+
+
+def _checkpoint_list(max_items: int) -> tuple[CheckpointManager, CheckpointMemory]:
+    mem = CheckpointMemory(1 << 40)  # the persistence cursor keeps what is queued
+    return CheckpointManager(0, mem, start_seqno=1, max_items=max_items, max_bytes=1 << 30), mem
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [mut(0, 2, b"a", b"x" * 10), mut(0, 3, b"b"), mut(0, 5, b"c" * 300, b"y" * 70_000)],
+        [mut(0, 2, b"a"), mut(0, 3, b"a", rev=2), mut(0, 4, b"b")],  # a key twice
+        [mut(0, 2, b"a"), dele(0, 3, b"b"), mut(0, 4, b"c")],  # not only mutations
+    ],
+)
+def test_a_snapshot_is_queued_as_item_by_item_queueing_would(items: list[Item]) -> None:
+    fast, fast_mem = _checkpoint_list(max_items=2)  # the limit waits for the snapshot
+    slow, slow_mem = _checkpoint_list(max_items=1 << 30)
+    fast.queue_snapshot(items)
+    for it in items:
+        slow.queue(it)
+    slow.create_checkpoint()
+    assert len(fast.checkpoints) == len(slow.checkpoints) == 2
+    f, s = fast.checkpoints[0], slow.checkpoints[0]
+    assert bytes(f.wire) == bytes(s.wire)
+    assert (list(f.starts), list(f.seqnos), list(f.kinds)) == (
+        list(s.starts),
+        list(s.seqnos),
+        list(s.kinds),
+    )
+    assert f.index == s.index and f.items == s.items
+    assert (f.mem, f.last_seqno, f.queued, f.closed) == (s.mem, s.last_seqno, s.queued, True)
+    assert fast_mem.used == slow_mem.used

@@ -271,15 +271,73 @@ class CheckpointList:
         snapshot boundaries and no boundary the source did not have."""
         if self.open.items:
             self._close_open()
-        limits = self._max_items, self._max_bytes
-        self._max_items = self._max_bytes = 1 << 62
-        try:
-            for item in items:
-                self.queue(item)
-        finally:
-            self._max_items, self._max_bytes = limits
+        if not self._queue_fresh(items):
+            limits = self._max_items, self._max_bytes
+            self._max_items = self._max_bytes = 1 << 62
+            try:
+                queue = self.queue
+                for item in items:
+                    queue(item)
+            finally:
+                self._max_items, self._max_bytes = limits
         if self.open.items:
             self._close_open()
+        mem = self.memory
+        if mem.used > mem.threshold:
+            mem.on_pressure()
+
+    def _queue_fresh(self, items: list[Item]) -> bool:
+        """``queue`` for the common snapshot, in one loop: mutations with no body and no
+        key twice, into the (empty) open checkpoint, so there is nothing to supersede or
+        compact and the accounting is summed once. False (nothing done) for anything
+        else: the caller queues item by item."""
+        ckpt = self.open
+        if ckpt.items or not items:
+            return False
+        keys = {it.key for it in items}
+        if len(keys) != len(items):
+            return False
+        for it in items:
+            if it.op != _MUT or it.body:
+                return False
+        wire = ckpt.wire
+        starts = ckpt.starts
+        seqnos = ckpt.seqnos
+        kinds = ckpt.kinds
+        index = ckpt.index
+        slots = ckpt.items
+        vbid = self.vbid
+        size = 0
+        for it in items:
+            key = it.key
+            value = it.value
+            kl = len(key)
+            vl = len(value)
+            starts.append(len(wire))
+            seqnos.append(it.seqno)
+            kinds.append(LIVE_FRAME)
+            pack = frame_pack(kl, vl)
+            if pack is not None:
+                wire += pack(
+                    _REQ, _MUT, kl, _EXT, it.datatype, vbid, _EXT + kl + vl, 0, it.cas,
+                    it.seqno, it.rev_seqno, it.flags, it.expiry, 0, 0, 0, key, value,
+                )  # fmt: skip
+            else:
+                wire += frame_head_extras(
+                    _REQ, _MUT, kl, _EXT, it.datatype, vbid, _EXT + kl + vl, 0, it.cas,
+                    it.seqno, it.rev_seqno, it.flags, it.expiry, 0, 0, 0,
+                )  # fmt: skip
+                wire += key
+                wire += value
+            index[key] = len(slots)
+            slots.append(it)
+            # as ``queue`` charges a frame: key + value + the DCP body + the overhead
+            size += 2 * (kl + vl) + _OVERHEAD - _HDR + ITEM_OVERHEAD
+        ckpt.mem += size
+        ckpt.last_seqno = items[-1].seqno
+        ckpt.queued += len(items)
+        self.memory.used += size
+        return True
 
     def create_checkpoint(self) -> int:
         """Close the open checkpoint now (if it holds anything); returns the open id.
