@@ -86,7 +86,6 @@ OPCODE_PRIVILEGES: Mapping[int, str | None] = {
     Opcode.DCP_CLOSE_STREAM: "stream",
     Opcode.DCP_GET_FAILOVER_LOG: "stream",
     Opcode.DCP_BUFFER_ACK: "stream",
-    Opcode.DCP_NOOP: "stream",
     Opcode.GET_ALL_VB_SEQNOS: "stream",
     Opcode.STAT: "stats",
     Opcode.SET_VBUCKET_STATE: "admin",
