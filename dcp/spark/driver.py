@@ -257,8 +257,9 @@ class Planner:
                 "change_streams): a batch replayed after a restart of the server or of this "
                 "query, or read more than the server's checkpoint retention (10 s) after "
                 "it was planned, may fail with MergedSnapshotError once documents are "
-                "rewritten. Run the server with its default history window (do not set "
-                "history_seconds/history_bytes to 0), e.g. dcp-server --history-seconds 3600.",
+                "rewritten. Run the server with a change history: dcp-server "
+                "--history-seconds 3600 --history-bytes 1073741824 (or history_seconds / "
+                "history_bytes in its config file).",
                 self.cfg.host,
                 self.cfg.port,
             )

@@ -117,9 +117,9 @@ class MergedSnapshotError(DcpSparkError):
             f"[{snapshot_start}, {snapshot_end}], which runs past seqno {end} and holds "
             f"later revisions of existing documents, which may have replaced (deduplicated) "
             f"versions inside the range since the batch was planned. Reading up to seqno "
-            f"{end} could give a state that never existed. Fixes: keep the server's change "
-            f"history on (its default; history_seconds/history_bytes set to 0 turn it off) "
-            f"and longer than the time between planning and replaying a batch, or set "
+            f"{end} could give a state that never existed. Fixes: run the server with a "
+            f"change history (--history-seconds / --history-bytes) longer than the time "
+            f"between planning and replaying a batch, or set "
             f"option onMergedSnapshot=reread to take the merged snapshot whole (rows up to "
             f"seqno {snapshot_end}, which the next batch may repeat)."
         )

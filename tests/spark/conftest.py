@@ -40,14 +40,16 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
-#: Server settings that turn the default change history off (what `disk_server` and the
-#: tests of the no-history paths use).
+#: Server settings with the change history off, explicitly (the server's default today;
+#: the tests of the no-history paths say so, whatever the default becomes).
 NO_HISTORY = {"history_seconds": 0, "history_bytes": 0}
+#: A bounded change history (what docs/spark.md asks streaming servers to run with).
+HISTORY = {"history_seconds": 3600, "history_bytes": 1 << 30}
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ThreadServer]:
-    """A server with default settings (a bounded change history included)."""
+    """A server with default settings."""
     s = ThreadServer(tmp_path / "data")
     yield s
     s.stop()

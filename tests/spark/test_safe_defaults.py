@@ -1,7 +1,8 @@
-"""Issue-level scenarios through Spark on a server with default settings: streams that a
-row limit, a restart of the query or of the server used to leave stuck
-(``MergedSnapshotError`` forever) end exact; rollback rows applied from a file sink give
-the server's documents; options are checked at ``load()``.
+"""Issue-level scenarios through Spark: streams that a row limit, a restart of the query
+or of the server used to leave stuck (``MergedSnapshotError`` forever) end exact on a
+server with a bounded change history (``conftest.HISTORY``; the server's default is still
+off, see docs/spark.md "Running the server for streaming"); rollback rows applied from a
+file sink give the server's documents; options are checked at ``load()``.
 
 "Exact" is checked against the writers' own log: every (batch, vbucket) change set holds,
 per key, the newest write whose seqno lies in the set's ``[snapshot_start,
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from .conftest import HISTORY
 from .helpers import ThreadServer
 from .test_spark import Rows, Sink, check_change_sets, run, start, state_of
 
@@ -52,7 +54,7 @@ def check_against_log(sink: Sink, log: Log) -> None:
 def test_a_row_limited_stream_behind_its_writer_stays_exact(spark, tmp_path):
     """1a: ``maxOffsetsPerTrigger`` makes the stream lag behind rewrites of the same keys;
     the later pieces of the backlog are read from disk, cut where they were planned."""
-    s = ThreadServer(tmp_path / "d", checkpoint_retain_seconds=0)
+    s = ThreadServer(tmp_path / "d", checkpoint_retain_seconds=0, **HISTORY)
     log: Log = []
     sink = Sink()
     stop = threading.Event()
@@ -88,7 +90,9 @@ def test_a_logged_batch_replays_exactly_after_a_restart(spark, tmp_path, restart
     restarts late (after the retention) or the server is restarted first. The replay
     yields the first attempt's rows, and the stream continues with no gap or duplicate."""
     data, ck = tmp_path / "d", tmp_path / "ck"
-    kw: dict[str, Any] = {"checkpoint_retain_seconds": 0} if restart == "query" else {}
+    kw: dict[str, Any] = dict(HISTORY)
+    if restart == "query":
+        kw["checkpoint_retain_seconds"] = 0
     s = ThreadServer(data, **kw)
     log: Log = []
     try:

@@ -122,8 +122,8 @@ def test_a_server_without_history_is_named_once_at_query_start(tmp_path, caplog)
     assert len(warned) == 1 and "history_seconds" in warned[0]
 
 
-def test_the_default_server_gives_no_history_warning(server, caplog):
-    r = _reader(server)
+def test_a_server_with_history_gives_no_warning(history_server, caplog):
+    r = _reader(history_server)
     with caplog.at_level("WARNING", logger="dcp.spark"):
         r.latestOffset(r.initialOffset(), ReadAllAvailable())
     assert not [m for m in caplog.messages if "history" in m]
