@@ -2,7 +2,7 @@
 # Others: `make test-fast` (protocol + engine, under a minute), `make chaos-short` (the short
 # reliability runs CI does), `make bench` (the benchmark table), `make typecheck`.
 # Both bootstrap what they need: a .venv with the project and its extras, and (for tests)
-# Debian's tshark when it is missing and we are root.
+# Debian's tshark and etcd-server (tests/etcd/) when they are missing and we are root.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 # extra pytest flags for `make test`, e.g. PYTEST_ARGS="-n 2" (pytest-xdist)
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast chaos-short lint typecheck typing-baseline venv tshark bench clean
+.PHONY: run test test-fast chaos-short lint typecheck typing-baseline venv tshark etcd bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,14 @@ tshark:
 	      || echo "warning: could not install tshark; wire-capture tests will be skipped"; \
 	  else echo "note: not root, tshark not installed; wire-capture tests will be skipped"; fi; }
 
+# etcd (3.4, Debian's etcd-server) for the cluster tests: tests/etcd/ start a throwaway one.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null) \
+	      || echo "warning: could not install etcd-server; etcd tests will be skipped"; \
+	  else echo "note: not root, etcd-server not installed; etcd tests will be skipped"; fi; }
+
 run: $(STAMP)
 	$(BIN)/dcp-server --data-dir $(DATA)
 
@@ -37,7 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check dcp tests tools
 	$(BIN)/ruff format --check dcp tests tools pyspark_dcp
 
-test: $(STAMP) tshark
+test: $(STAMP) tshark etcd
 	$(BIN)/ruff check dcp tests tools
 	$(BIN)/ruff format --check dcp tests tools pyspark_dcp
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
