@@ -8,8 +8,9 @@ Rules of this module:
   pause, the storage error, compaction, the final flush), ``Backfills`` (backfills.py:
   limiters and disk scans), ``StreamRegistry`` (stream_registry.py: streams by vbucket,
   the dirty set, housekeeping), the handler table (dispatch.py, handed to each
-  ``Connection``), the accept loop and output guard (limits.py), the TLS context and
-  handshake (tls.py). STAT and metrics read the server through ``ServerView``
+  ``Connection``; with a users file each connection gets its own gated table from
+  ``Authenticator``, auth.py), the accept loop and output guard (limits.py), the TLS
+  context and handshake (tls.py). STAT and metrics read the server through ``ServerView``
   (server_view.py), which ``DcpServer`` satisfies.
 - Both listeners serve the same ``Connection`` code; the TLS context is built with the
   server (a bad certificate stops it before the data directory is opened) and is read
@@ -41,6 +42,7 @@ import trio
 
 from ..protocol.opcodes import StreamEndStatus
 from .active_stream import ActiveStream
+from .auth import Authenticator
 from .backfills import Backfills
 from .config import ServerConfig
 from .connection import Connection
@@ -79,6 +81,9 @@ class DcpServer:
         self.uuid_source = uuid_source
         #: what each connection's reader dispatches to (dispatch.py)
         self.handlers = handlers
+        #: the users and their privileges (auth.py); None: authentication is off. Built
+        #: here: a bad users file raises ``UsersFileError`` before anything runs.
+        self.authenticator = Authenticator.from_config(self.config)
         self.port = 0
         #: the TLS listener's port (0: none)
         self.tls_port = 0
