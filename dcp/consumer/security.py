@@ -44,6 +44,7 @@ __all__ = [
     "authenticate",
     "client_tls_context",
     "closed_message",
+    "mechanism_name",
     "resolve",
     "tls_failure",
 ]
@@ -126,7 +127,7 @@ def closed_message(stream: trio.abc.Stream, received: int) -> str:
     return "the server closed the connection"
 
 
-def _normalize_mechanism(mechanism: str) -> str:
+def mechanism_name(mechanism: str) -> str:
     """Couchbase's spelling (``SCRAM-SHA512``); the RFC's (``SCRAM-SHA-512``) is accepted."""
     name = mechanism.strip().upper().replace("SHA-", "SHA")
     if name not in MECHANISMS:
@@ -169,7 +170,7 @@ def resolve(
         pw = password if password is not None else env.get("DCP_PASSWORD")
         if pw is None:
             raise UsageError(f"no password for user {user!r} (password= or DCP_PASSWORD)")
-        creds = Credentials(user, pw, _normalize_mechanism(mechanism or DEFAULT_MECHANISM))
+        creds = Credentials(user, pw, mechanism_name(mechanism or DEFAULT_MECHANISM))
     elif mechanism is not None:
         raise UsageError("mechanism given without a username (username= or DCP_USERNAME)")
     ctx: ssl.SSLContext | None = None

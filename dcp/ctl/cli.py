@@ -2,13 +2,14 @@
 
 Rules of this module:
 - Argument parsing and the error boundary only; each command lives in its own module
-  (``live``, ``streams``, ``tail``, ``kv``, ``vbstate``, ``metrics``, ``inspect_cmds``) and composes
-  public APIs (the SDK, ``dcp.protocol``, the engine's record decoders). A command's
+  (``live``, ``streams``, ``tail``, ``kv``, ``vbstate``, ``metrics``, ``inspect_cmds``,
+  ``users_cmd``) and composes public APIs (the SDK, ``dcp.protocol``, the engine's
+  record decoders, the server's users-file writer). A command's
   module is imported only when it runs (``"module:function"``), so ``inspect`` never
   loads trio or the SDK and every command starts faster.
-- Common options (``--host``, ``--port``, ``--timeout``, ``--json``, ``--no-progress``)
-  are accepted before or after the command name. ``DCP_HOST`` / ``DCP_PORT`` /
-  ``DCP_METRICS_PORT`` set their defaults.
+- Common options (``--host``, ``--port``, ``--timeout``, the credential and TLS flags of
+  ``access.py``, ``--json``, ``--no-progress``) are accepted before or after the command
+  name. ``DCP_HOST`` / ``DCP_PORT`` / ``DCP_METRICS_PORT`` set their defaults.
 - Exit status: 0 success, 1 failure (one line on stderr, never a traceback), 2 usage,
   130 interrupted (Ctrl-C). An unexpected exception is still one line (exit 70);
   ``DCPCTL_DEBUG=1`` shows its traceback.
@@ -24,6 +25,7 @@ import sys
 import traceback
 from typing import Any
 
+from .access import add_options, resolve
 from .args import address, vb_id, vb_list
 from .output import CtlError, Output
 
@@ -72,16 +74,19 @@ def _server_options(p: argparse.ArgumentParser, top: bool) -> None:
         default=10.0 if top else _S,
         help="seconds to connect and get an answer (default 10)",
     )
+    add_options(p, top)
 
 
 def _command(
-    sub: Any, name: str, fn: str, help_: str, live: bool = True
+    sub: Any, name: str, fn: str, help_: str, live: bool = True, mcbp: bool | None = None
 ) -> argparse.ArgumentParser:
+    """A command; ``mcbp``: it connects to the server's port (default: when ``live``),
+    so its credentials and TLS settings are resolved first (``access.resolve``)."""
     p = sub.add_parser(name, help=help_, description=help_)
     if live:
         _server_options(p, False)
     _output_options(p, False)
-    p.set_defaults(func=fn)
+    p.set_defaults(func=fn, mcbp=live if mcbp is None else mcbp)
     return p
 
 
@@ -181,7 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long the new node may take to become active (default 60)",
     )
-    p = _command(sub, "metrics", "metrics:cmd_metrics", "the server's Prometheus metrics")
+    p = _command(
+        sub, "metrics", "metrics:cmd_metrics", "the server's Prometheus metrics", mcbp=False
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -190,6 +197,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--grep", help="only metrics whose name contains this")
     p.add_argument("--raw", action="store_true", help="print the exposition text as is")
+
+    p = sub.add_parser("user", help="add or remove users of the server's users file")
+    users = p.add_subparsers(dest="user_command", required=True, metavar="ACTION")
+    for action, help_ in (
+        ("add", "add a user or replace its roles and password"),
+        ("remove", "remove a user"),
+    ):
+        u = _command(users, action, f"users_cmd:cmd_user_{action}", help_, live=False)
+        u.add_argument("name", metavar="NAME")
+        if action == "add":
+            u.add_argument(
+                "--role",
+                required=True,
+                metavar="ROLE[,ROLE...]",
+                help="read, write, stream, stats, admin or all (password: asked on a "
+                "terminal, else the first line of stdin)",
+            )
+        u.add_argument(
+            "--users-file",
+            default=os.environ.get("DCP_USERS_FILE"),
+            metavar="PATH",
+            help="the server's users file (env DCP_USERS_FILE); created if missing",
+        )
 
     p = _command(
         sub,
@@ -242,6 +272,8 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
 def _run(args: argparse.Namespace, out: Output) -> int:
     module, _, name = args.func.partition(":")
     fn = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    if args.mcbp:  # credentials (maybe a prompt) and TLS before trio starts
+        resolve(args)
     if inspect.iscoroutinefunction(fn):
         import trio
 

@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 from ..consumer import DcpClientError, KeyNotFound, KvClient, StatusError
+from .access import sdk_options
 from .output import CtlError, Output, preview, value_doc
 from .remote import Remote
 
@@ -20,9 +21,16 @@ __all__ = ["cmd_delete", "cmd_get", "cmd_set"]
 
 
 async def _client(args: argparse.Namespace) -> KvClient:
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         n = await r.num_vbuckets()
-    return KvClient(args.host, args.port, num_vbuckets=n, timeout=args.timeout, agent="dcpctl")
+    return KvClient(
+        args.host,
+        args.port,
+        num_vbuckets=n,
+        timeout=args.timeout,
+        agent="dcpctl",
+        **sdk_options(args),
+    )
 
 
 async def _run(args: argparse.Namespace, op: str, fn: Any) -> Any:

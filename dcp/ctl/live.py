@@ -78,7 +78,7 @@ _REPL_COLUMNS = ["source", "link", "src high", "lag"]
 
 
 async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         states, seqnos, ckpts, streams, repl = await r.stats(
             "vbucket",
             "vbucket-seqno",
@@ -94,7 +94,11 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
     nstreams = streams_per_vbucket(streams)
     rep = replication_fields(repl or [])
     sources = {rep[vb]["source"] for vb in vbs if rep.get(vb, {}).get("source")}
-    highs = await source_high_seqnos(sources, args.timeout) if sources else {}
+    highs = (
+        await source_high_seqnos(sources, args.timeout, getattr(args, "security", None))
+        if sources
+        else {}
+    )
     rows: list[dict[str, Any]] = []
     for vb in vbs:
         if args.active and state_of[vb] != "active":
@@ -185,7 +189,7 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
 
 
 async def cmd_failover_log(args: argparse.Namespace, out: Output) -> int:
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         fields = by_vbucket((await r.stats(f"failovers {args.vbucket}"))[0]).get(args.vbucket, {})
     n = fields.get("num_entries", 0)
     entries = [
@@ -260,7 +264,7 @@ def _range(start: Any, last: Any) -> str:
 
 
 async def cmd_checkpoints(args: argparse.Namespace, out: Output) -> int:
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         (pairs,) = await r.stats(f"checkpoint {args.vbucket}")
     doc = checkpoint_view(args.vbucket, by_vbucket(pairs).get(args.vbucket, {}))
     if out.json_mode:
@@ -325,7 +329,7 @@ async def cmd_checkpoints(args: argparse.Namespace, out: Output) -> int:
 
 async def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     group = " ".join(args.group)
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         (pairs,) = await r.stats(group)
     if out.json_mode:
         out.json({"group": group, "stats": dict(pairs)})

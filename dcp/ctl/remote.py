@@ -7,6 +7,9 @@ Rules of this module:
 - One connection per command, opened within ``timeout`` seconds. Requests are pipelined
   in one write and their answers matched by opaque; a STAT answer is the run of
   responses ending with an empty key (the session keeps matching until then).
+- With ``security`` (``access.resolve``) the connection is TLS and/or authenticated
+  (``dcp.consumer.security``: the SDK's TLS connect and SASL exchange) before any
+  request; a refused login or an untrusted certificate is a ``CtlError`` at once.
 - Every failure is a ``CtlError`` with one line: unreachable server, timeout, connection
   closed, or the status the server answered with its error context. The exceptions are
   requests whose per-vbucket status the caller reports itself (``set_vbucket_states``)
@@ -15,16 +18,23 @@ Rules of this module:
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..protocol import Frame, Opcode, RemoteProtocolError, Status, VBucketState, codec
+from ..protocol.errors import StatusError
 from ..protocol.events import Answer
 from ..protocol.session import ClientSession
 from .output import CtlError
+
+if TYPE_CHECKING:
+    from ..consumer.security import Security
 
 __all__ = ["Remote", "error_context", "os_error_text", "status_name"]
 
@@ -62,28 +72,69 @@ def status_name(status: int) -> str:
 class Remote:
     """``async with Remote(host, port, timeout) as r: await r.stats("vbucket")``."""
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
+    def __init__(
+        self, host: str, port: int, timeout: float, security: Security | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self.timeout = timeout
-        self._stream: trio.SocketStream | None = None
+        self.security = security
+        self._stream: trio.abc.Stream | None = None
         self._proto = ClientSession()
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, host: str = "", port: int = 0) -> Remote:
+        """A ``Remote`` to ``--host``/``--port`` (or ``host``/``port``: another node, same
+        credentials and TLS settings) with the command's ``--timeout``."""
+        return cls(
+            host or args.host,
+            port or args.port,
+            args.timeout,
+            getattr(args, "security", None),
+        )
 
     @property
     def where(self) -> str:
         return f"{self.host}:{self.port}"
 
     async def __aenter__(self) -> Remote:
+        from ..consumer.errors import TlsError
+
+        connect = functools.partial(trio.open_tcp_stream, self.host, self.port)
+        sec = self.security
         try:
             with trio.fail_after(self.timeout):
-                self._stream = await trio.open_tcp_stream(self.host, self.port)
+                if sec is not None and sec.tls is not None:
+                    self._stream = await sec.connect(connect)
+                else:
+                    self._stream = await connect()
         except trio.TooSlowError:
             raise CtlError(
                 f"cannot connect to {self.where}: timed out after {self.timeout:g} s"
             ) from None
         except OSError as exc:
             raise CtlError(f"cannot connect to {self.where}: {os_error_text(exc)}") from None
+        except TlsError as exc:
+            raise CtlError(f"cannot connect to {self.where}: {exc}") from None
+        except trio.BrokenResourceError as exc:
+            raise CtlError(f"cannot connect to {self.where}: {exc.__cause__ or exc}") from None
+        if sec is not None and sec.credentials is not None:
+            await self._authenticate()
         return self
+
+    async def _authenticate(self) -> None:
+        from ..consumer.security import authenticate
+
+        assert self.security is not None and self.security.credentials is not None
+        try:
+            await authenticate(self._ask, self.security.credentials)
+        except StatusError as exc:
+            raise CtlError(f"{self.where}: {exc}") from None
+
+    async def _ask(self, build: Callable[[int], bytes]) -> tuple[int, bytes]:
+        o = self._proto.expect(self._proto.next_opaque())
+        (f,) = (await self._exchange([(o, build(o))], lambda f: True))[o]
+        return f.status, bytes(f.value)
 
     async def __aexit__(
         self,
@@ -127,12 +178,16 @@ class Remote:
             ) from None
         return got
 
-    @staticmethod
-    def _check(f: Frame, what: str) -> None:
+    def _check(self, f: Frame, what: str) -> None:
         if f.status != Status.SUCCESS:
+            hint = ""
+            if f.status == Status.EACCESS and (
+                self.security is None or self.security.credentials is None
+            ):
+                hint = "; the server requires authentication: --user (or DCP_USERNAME)"
             raise CtlError(
                 f"{what}: {error_context(bytes(f.value)) or status_name(f.status)}"
-                f" ({status_name(f.status)})"
+                f" ({status_name(f.status)}){hint}"
             )
 
     # ------------------------------------------------------------------ requests

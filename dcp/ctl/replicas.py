@@ -14,13 +14,16 @@ Rules of this module:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .args import split_address
 from .output import CtlError
 from .remote import Remote
+
+if TYPE_CHECKING:
+    from ..consumer.security import Security
 
 __all__ = [
     "lag_cell",
@@ -42,10 +45,10 @@ def replication_fields(pairs: list[tuple[str, str]]) -> dict[int, dict[str, Any]
     return out
 
 
-async def _highs(address: str, timeout: float) -> dict[int, int] | None:
+async def _highs(address: str, timeout: float, security: Security | None) -> dict[int, int] | None:
     try:
         host, port = split_address(address)
-        async with Remote(host, port, timeout) as r:
+        async with Remote(host, port, timeout, security) as r:
             (pairs,) = await r.stats("vbucket-seqno")
     except (CtlError, ValueError):
         return None
@@ -57,12 +60,15 @@ async def _highs(address: str, timeout: float) -> dict[int, int] | None:
     return out
 
 
-async def source_high_seqnos(sources: set[str], timeout: float) -> dict[str, dict[int, int] | None]:
-    """``{source: {vb: high seqno}}``, ``None`` for a source that did not answer."""
+async def source_high_seqnos(
+    sources: set[str], timeout: float, security: Security | None = None
+) -> dict[str, dict[int, int] | None]:
+    """``{source: {vb: high seqno}}``, ``None`` for a source that did not answer. The
+    sources are asked with ``security``: the command's own credentials and TLS."""
     found: dict[str, dict[int, int] | None] = {}
 
     async def one(address: str) -> None:
-        found[address] = await _highs(address, timeout)
+        found[address] = await _highs(address, timeout, security)
 
     async with trio.open_nursery() as nursery:
         for s in sorted(sources):

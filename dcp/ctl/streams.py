@@ -20,7 +20,7 @@ __all__ = ["cmd_connections", "cmd_streams"]
 
 
 async def _fetch(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         (pairs,) = await r.stats("dcp-streams")
     conns: list[dict[str, Any]] = []
     streams: list[dict[str, Any]] = []

@@ -30,6 +30,7 @@ from ..consumer import (
     StreamEnd,
 )
 from ..protocol import SnapshotMarkerFlag, StreamEndStatus
+from .access import sdk_options
 from .args import check_vbuckets
 from .output import CtlError, Output, preview, value_doc
 from .remote import Remote
@@ -121,7 +122,7 @@ def _progress(bar: Any, last: dict[int, int], vb: int, seqno: int) -> None:
 
 
 async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         count = await r.num_vbuckets()
         highs = await r.all_vb_seqnos()
     vbs = check_vbuckets(args.vb, count)
@@ -146,6 +147,7 @@ async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
         name=f"dcpctl-tail-{os.getpid()}",
         connect_timeout=args.timeout,
         retry_timeout=args.timeout,
+        **sdk_options(args),
     )
     last = dict.fromkeys(vbs, 0)
     counts = {"snapshots": 0, "mutations": 0, "deletions": 0, "expirations": 0}

@@ -87,7 +87,7 @@ async def cmd_set_state(args: argparse.Namespace, out: Output) -> int:
         if state not in (VBucketState.REPLICA, VBucketState.PENDING):
             raise CtlError("--source goes with state replica or pending", code=2)
         options = {"source": args.source}
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         rows = runs(await r.set_vbucket_states(args.vbuckets, state, options))
     verb = args.state + (f" (source {args.source})" if args.source else "")
     if out.json_mode:
@@ -103,7 +103,7 @@ async def cmd_set_state(args: argparse.Namespace, out: Output) -> int:
 
 async def cmd_promote(args: argparse.Namespace, out: Output) -> int:
     wanted = sorted({vb for group in args.vbuckets for vb in group})
-    async with Remote(args.host, args.port, args.timeout) as r:
+    async with Remote.of(args) as r:
         (pairs,) = await r.stats("vbucket")
         state_of = {int(k[3:]): v for k, v in pairs if k.startswith("vb_") and k[3:].isdigit()}
         if wanted:
@@ -178,8 +178,8 @@ async def cmd_move(args: argparse.Namespace, out: Output) -> int:
             out.line(f"{node}: {text}")
 
     async with (
-        Remote(args.host, args.port, args.timeout) as a,
-        Remote(b_host, b_port, args.timeout) as b,
+        Remote.of(args) as a,
+        Remote.of(args, b_host, b_port) as b,
     ):
         if a.where == b.where:
             raise CtlError(f"--to {b.where} is the node the vbucket is on", code=2)
