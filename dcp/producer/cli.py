@@ -3,12 +3,17 @@
 Rules of this module: argument parsing, logging setup, signal handling and the exit code
 only. The first SIGINT/SIGTERM starts a graceful stop (streams end with Disconnected,
 everything queued is flushed, a clean-shutdown marker is written, exit 0); a second one
-exits at once. Exit codes (docs/operations.md, "Damaged data files and exit codes"):
+exits at once. SIGHUP re-reads the users file (a bad one is logged and the old users
+stay; auth.py) and the TLS certificate and key (a bad pair is logged, the old ones stay).
+Safe default (docs/security.md): without a users file the server only listens on
+loopback; a non-loopback ``host`` without one refuses to start (exit 2) with a line
+saying how to add a user. Exit codes (docs/operations.md, "Damaged data files and exit
+codes"):
 
     0  stopped cleanly: everything acknowledged is persisted
     1  a runtime error stopped the server (port in use, an LMDB error at open...), or a
        second signal cut the graceful stop short
-    2  bad settings
+    2  bad settings (a users file that does not load, a public address without one)
     3  refused to start: the data directory is damaged (truncated, emptied or missing
        data file; ``datafiles.py``); nothing was changed. ``--reset-data`` sets a damaged
        data file aside and starts empty (an intact store is never touched)
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gc
+import ipaddress
 import logging
 import os
 import signal
@@ -37,6 +43,7 @@ from .config import ConfigError, ServerConfig, add_arguments, load_config
 from .engine.datafiles import set_aside_damaged
 from .engine.errors import DataDirError
 from .server import DcpServer
+from .users import Users, UsersFileError
 
 __all__ = ["main"]
 
@@ -57,16 +64,59 @@ def _setup_logging(level: str) -> None:
     )
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on ``host`` is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name or "" (every interface): not provably local
+        return False
+
+
+def auth_refusal(cfg: ServerConfig) -> str:
+    """Why the server must not start with these auth settings ('' when it may)."""
+    if cfg.users_file:
+        try:
+            Users.load(cfg.users_file)
+        except UsersFileError as exc:
+            return str(exc)
+        return ""
+    if is_loopback_host(cfg.host):
+        return ""
+    return (
+        f"refusing to listen on {cfg.host or 'every interface'} without users: add one with "
+        "`dcpctl user add NAME --role all --users-file users.toml` and start with "
+        "--users-file users.toml (or listen on 127.0.0.1)"
+    )
+
+
+def reload_settings(server: DcpServer) -> None:
+    """SIGHUP: re-read the users file and the TLS certificate; bad files keep the old."""
+    if server.authenticator is not None:
+        server.authenticator.reload()
+    else:
+        log.info("SIGHUP: no users file configured; nothing to reload")
+    if server.tls_context is not None:
+        try:
+            server.reload_tls()
+        except (ConfigError, OSError) as exc:
+            log.error("TLS certificate not reloaded, keeping the previous one: %s", exc)
+
+
 async def _serve(cfg: ServerConfig) -> bool:
     """Run until stopped; True when the stop was clean (everything persisted)."""
     server = DcpServer(cfg)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
 
             async def watch_signals() -> None:
                 seen = 0
                 async for sig in signals:
+                    if sig == signal.SIGHUP:
+                        reload_settings(server)
+                        continue
                     seen += 1
                     if seen == 1:
                         log.info(
@@ -103,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args)
     except ConfigError as exc:
         print(f"dcp-server: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    refusal = auth_refusal(cfg)
+    if refusal:
+        print(f"dcp-server: {refusal}", file=sys.stderr)
         return EXIT_USAGE
     _setup_logging(cfg.log_level)
     faulthandler.enable()
