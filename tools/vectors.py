@@ -572,6 +572,108 @@ CASES: list[tuple[str, str, str, dict]] = [
         "The empty STAT reply that ends the group.",
         _resp(Opcode.STAT, opaque=18),
     ),
+    # SASL: the SCRAM frames carry RFC 7677's example exchange (user "user", password
+    # "pencil"), so the messages inside can be checked against the RFC too.
+    (
+        "sasl_list_mechs_request",
+        C2S,
+        "SASL_LIST_MECHS: header only.",
+        _req(Opcode.SASL_LIST_MECHS, opaque=30),
+    ),
+    (
+        "sasl_list_mechs_response",
+        S2C,
+        "SASL_LIST_MECHS reply: the mechanisms, space-separated, strongest first (PLAIN only "
+        "on TLS or loopback connections).",
+        _resp(Opcode.SASL_LIST_MECHS, opaque=30, value=b"SCRAM-SHA512 SCRAM-SHA256 PLAIN"),
+    ),
+    (
+        "sasl_auth_request_plain",
+        C2S,
+        "SASL_AUTH with PLAIN: key = mechanism, value = authzid (empty) NUL user NUL password.",
+        _req(Opcode.SASL_AUTH, opaque=31, key=b"PLAIN", value=b"\x00alice\x00secret"),
+    ),
+    (
+        "sasl_auth_response_plain",
+        S2C,
+        "PLAIN accepted: SUCCESS, nothing else; the connection is authenticated as alice.",
+        _resp(Opcode.SASL_AUTH, opaque=31),
+    ),
+    (
+        "sasl_auth_request_scram",
+        C2S,
+        "SASL_AUTH with SCRAM-SHA256: value = the client-first message (GS2 header 'n,,', "
+        "user name, client nonce).",
+        _req(
+            Opcode.SASL_AUTH,
+            opaque=32,
+            key=b"SCRAM-SHA256",
+            value=b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO",
+        ),
+    ),
+    (
+        "sasl_auth_response_continue",
+        S2C,
+        "AUTH_CONTINUE (0x21): value = the server-first message (combined nonce, base64 "
+        "salt, iterations).",
+        _resp(
+            Opcode.SASL_AUTH,
+            Status.AUTH_CONTINUE,
+            opaque=32,
+            value=b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+            b"s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096",
+        ),
+    ),
+    (
+        "sasl_step_request",
+        C2S,
+        "SASL_STEP: key = the same mechanism, value = the client-final message (channel "
+        "binding 'biws' = base64 of 'n,,', the combined nonce, the base64 proof).",
+        _req(
+            Opcode.SASL_STEP,
+            opaque=33,
+            key=b"SCRAM-SHA256",
+            value=b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+            b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=",
+        ),
+    ),
+    (
+        "sasl_step_response",
+        S2C,
+        "SCRAM accepted: SUCCESS with the server-final message (the server's signature, "
+        "which the client checks).",
+        _resp(
+            Opcode.SASL_STEP,
+            opaque=33,
+            value=b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=",
+        ),
+    ),
+    (
+        "sasl_step_response_auth_error",
+        S2C,
+        "AUTH_ERROR (0x20): wrong password, unknown user (not told apart) or unknown "
+        "mechanism; the error context is JSON. The third failure closes the connection.",
+        _resp(
+            Opcode.SASL_STEP,
+            Status.AUTH_ERROR,
+            opaque=33,
+            datatype=Datatype.JSON,
+            value=b'{"error":{"context":"authentication failed"}}',
+        ),
+    ),
+    (
+        "get_response_eaccess",
+        S2C,
+        "EACCESS (0x24): a GET before authenticating (or by a user without the read "
+        "privilege); the error context says which.",
+        _resp(
+            Opcode.GET,
+            Status.EACCESS,
+            opaque=34,
+            datatype=Datatype.JSON,
+            value=b'{"error":{"context":"authenticate first (SASL_AUTH)"}}',
+        ),
+    ),
 ]
 
 

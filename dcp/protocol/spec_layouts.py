@@ -308,6 +308,9 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
     Opcode.VERSION: (_NO_EXTRAS, _NONE, NO_VALUE),
     Opcode.STAT: (_NO_EXTRAS, ANY_LENGTH, NO_VALUE),  # key = stat group, empty = default group
     Opcode.HELLO: (_NO_EXTRAS, ANY_LENGTH, HelloFeatures),  # key = user agent
+    Opcode.SASL_LIST_MECHS: (_NO_EXTRAS, _NONE, NO_VALUE),
+    Opcode.SASL_AUTH: (_NO_EXTRAS, _NEEDED, RAW),  # key = mechanism, value = its message
+    Opcode.SASL_STEP: (_NO_EXTRAS, _NEEDED, RAW),
     Opcode.GET_ALL_VB_SEQNOS: (
         {0: Pass, 4: GetAllVbSeqnosExtras, 8: GetAllVbSeqnosCollectionExtras},
         _NONE,
@@ -372,6 +375,9 @@ RESPONSES: dict[int, tuple[dict[int, Construct], dict[int, Construct]]] = {
             Opcode.NOOP,
             Opcode.VERSION,
             Opcode.STAT,
+            Opcode.SASL_LIST_MECHS,  # values: mechanisms, challenges, server-final: raw
+            Opcode.SASL_AUTH,
+            Opcode.SASL_STEP,
             Opcode.DCP_OPEN,
             Opcode.DCP_CLOSE_STREAM,
             Opcode.DCP_STREAM_END,

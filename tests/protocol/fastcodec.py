@@ -150,6 +150,13 @@ def encode(f: dict) -> bytes:
             )
         if op == Opcode.HELLO:
             return codec.hello(key.decode(), value, opaque)
+        if op == Opcode.SASL_LIST_MECHS:
+            assert vb == cas == dt == 0 and not key and not value
+            return codec.sasl_list_mechs(opaque)
+        if op in (Opcode.SASL_AUTH, Opcode.SASL_STEP):
+            assert vb == cas == dt == 0
+            build = codec.sasl_auth if op == Opcode.SASL_AUTH else codec.sasl_step
+            return build(key.decode(), value, opaque)
         if op == Opcode.SET_VBUCKET_STATE:
             assert cas == 0 and not key and dt == (0x01 if value else 0)
             options = json.loads(value) if value else None
