@@ -214,8 +214,9 @@ class ActiveStream:
         # The marker keeps the real snapshot end even past end_seqno: a client that asked
         # for a cut inside a (deduplicated) snapshot must be able to see that its cut is
         # not a consistent point. Items past end_seqno are never sent.
-        # With a history window the disk keeps superseded versions, so a disk snapshot may
-        # repeat keys: it says so (0x20) rather than break the "each key once" rule quietly.
+        # With a history window the disk keeps superseded versions; only a change-stream
+        # stream (self.history) is sent them (backfills.py asks the scan for each key's
+        # newest version otherwise), and its snapshot says so (0x20).
         flags = SnapshotMarkerFlag.DISK | (SnapshotMarkerFlag.HISTORY if self.history else 0)
         if may_contain_duplicates or self.history:
             flags |= SnapshotMarkerFlag.MAY_CONTAIN_DUPLICATES

@@ -10,6 +10,9 @@ Rules of this module:
   thread between awaits (``push_backfill_*``) and its connection is told to send
   (``mark_ready``). A storage error ends the stream with BACKFILL_FAIL; it never
   escapes into the nursery.
+- Only a change-stream stream (``stream.history``) is sent the superseded versions a
+  history window keeps; every other stream's scan gives each key's newest version in
+  the disk snapshot (``every_version=False``), the DCP "each key once" snapshot.
 - Disk items are charged ``layout.MUTATION_FRAME_OVERHEAD`` + key + value bytes, as
   ``stream_frames`` counts them out and as flow control counts their frames.
 """
@@ -127,6 +130,7 @@ class Backfills:
         frames = not stream.options.no_value  # ready frames; else items encoded per stream
         upto = stream.end_seqno
         opaque = stream.opaque
+        every_version = stream.history
 
         def read(scan: Any, want: int) -> Any:
             if frames:
@@ -135,7 +139,8 @@ class Backfills:
 
         def open_and_read(want: int) -> tuple[Any, Any]:
             # one thread hop for a small vbucket: open, first chunk (often all of it)
-            sc = storage.open_backfill(stream.vbid, from_seqno)
+            # only change-stream clients (stream.history) get superseded versions
+            sc = storage.open_backfill(stream.vbid, from_seqno, every_version=every_version)
             try:
                 return sc, read(sc, want)
             except BaseException:

@@ -261,12 +261,14 @@ async def test_a_bounded_stream_whose_range_has_no_items_left_still_ends(tmp_pat
             assert codec.parse_stream_end(frames[-1]) == StreamEndStatus.OK
 
 
-async def test_disk_snapshots_that_may_repeat_keys_say_so(tmp_path) -> None:
-    """With a history window the disk keeps superseded versions: a plain client's disk
-    snapshot then carries MAY_CONTAIN_DUPLICATES, a change-stream one HISTORY too."""
+async def test_disk_snapshots_repeat_keys_only_for_change_streams(tmp_path) -> None:
+    """With a history window the disk keeps superseded versions. A plain client's disk
+    snapshot still has each key once (its newest version, flags DISK only, as without
+    history); a change-stream client gets every version, HISTORY|MAY_CONTAIN_DUPLICATES."""
     async with running_server(tmp_path / "d", num_vbuckets=1, history_seconds=3600) as server:
         async with client_of(server) as c:
             await c.set(b"user:1", b"v1")
+            await c.set(b"user:2", b"w1")
             await c.set(b"user:1", b"v2")
     async with running_server(tmp_path / "d", num_vbuckets=1, history_seconds=3600) as server:
         for change_streams in (False, True):
@@ -274,13 +276,22 @@ async def test_disk_snapshots_that_may_repeat_keys_say_so(tmp_path) -> None:
                 await c.dcp_open(f"t-hist-{change_streams}")
                 if change_streams:
                     assert (await c.control("change_streams", "true")).status == 0
-                await c.stream_req(0, end=2)
+                await c.stream_req(0, end=3)
                 frames = await c.read_stream_until(is_end)
-                ((_, _, flags),) = markers_of(frames)
-                assert flags & SnapshotMarkerFlag.DISK
-                assert flags & SnapshotMarkerFlag.MAY_CONTAIN_DUPLICATES
-                assert bool(flags & SnapshotMarkerFlag.HISTORY) == change_streams
-                assert [v for _, _, _, v in items_of(frames)] == [b"v1", b"v2"]
+                ((start, end, flags),) = markers_of(frames)
+                got = [(s, v) for _, s, _, v in items_of(frames)]
+                if change_streams:
+                    assert flags == (
+                        SnapshotMarkerFlag.DISK
+                        | SnapshotMarkerFlag.HISTORY
+                        | SnapshotMarkerFlag.MAY_CONTAIN_DUPLICATES
+                    )
+                    assert (start, end) == (1, 3)
+                    assert got == [(1, b"v1"), (2, b"w1"), (3, b"v2")]
+                else:
+                    assert flags == SnapshotMarkerFlag.DISK
+                    assert (start, end) == (2, 3)
+                    assert got == [(2, b"w1"), (3, b"v2")]
 
 
 async def test_backfill_of_many_tombstones_releases_its_slot(tmp_path) -> None:

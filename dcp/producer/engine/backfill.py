@@ -21,10 +21,19 @@ Rules of this module:
   CRC-32C call over the bytes LMDB returned). A damaged record raises ``ChecksumError``
   and ends the scan: nothing of that chunk is returned, so a damaged value never
   reaches a consumer (the server ends the stream with BACKFILL_FAIL, dcp/producer/backfills.py).
+- With the history window on, the disk holds superseded versions. A scan opened with
+  ``every_version=False`` (a stream that did not negotiate change streams) still gives
+  one version per key: the newest at or below ``end_seqno``, as a disk without history
+  would. ``__init__`` finds the superseded seqnos of the range in one backward pass in
+  the scan's own transaction (a key met again further back is superseded), and the reads
+  skip them. That pass holds the range's distinct keys in memory until it ends and only
+  the superseded seqnos afterwards; it is skipped when the history window is off (the
+  flush deletes superseded versions then, so there are none to find).
 """
 
 from __future__ import annotations
 
+import struct
 from array import array
 from typing import TYPE_CHECKING
 
@@ -51,6 +60,8 @@ from .records import (
 
 #: a record's op, datatype, cas, key length (prefix) and by-seqno (first extras field)
 _RECORD_HEAD = PREFIX_SEQNO.unpack_from
+#: a record's key length (the prefix's fourth field, after op, datatype and cas)
+_KEY_LEN = struct.Struct(">10xH").unpack_from
 _FRAME_HEAD = HEADER.pack
 _MUTATION = int(ItemOp.MUTATION)
 _SHORTEST = RECORD_HEAD + CRC_SIZE
@@ -91,15 +102,19 @@ class BackfillChunk:
 class BackfillScan:
     """Every live item and tombstone of ``vbucket`` with start_seqno < seqno <= end_seqno.
 
+    ``every_version`` (default): with the history window on, superseded versions are
+    returned too. False: only each key's newest version at or below ``end_seqno`` (module
+    rules), what a client that did not ask for change streams must get.
     ``history`` is True when the snapshot holds every version of that range (history
-    window on and the range inside it): the marker gets the History flag.
-    ``may_contain_duplicates`` is True whenever superseded versions can appear.
+    window on, ``every_version`` and the range inside it): the marker gets the History
+    flag. ``may_contain_duplicates`` is True whenever superseded versions can appear.
     """
 
     __slots__ = (
         "_done",
         "_end_key",
         "_iter",
+        "_skip",
         "_storage",
         "_txn",
         "end_seqno",
@@ -109,11 +124,15 @@ class BackfillScan:
         "vbucket",
     )
 
-    def __init__(self, storage: LmdbStorage, vbucket: int, start_seqno: int) -> None:
+    def __init__(
+        self, storage: LmdbStorage, vbucket: int, start_seqno: int, *, every_version: bool = True
+    ) -> None:
         self.vbucket = vbucket
         self.start_seqno = start_seqno
         self._txn = None
         self._iter = None
+        #: seqnos of superseded versions to leave out (None: nothing to leave out)
+        self._skip: frozenset[int] | None = None
         self._done = True
         self._storage = None
         storage.scan_opened()  # may block while the map is being grown
@@ -124,11 +143,16 @@ class BackfillScan:
             raw = txn.get(VB_KEY.pack(vbucket), db=storage.state_db)
             rec = VBStateRecord.decode(raw) if raw else None
             self.end_seqno = rec.high_seqno if rec else 0
-            hist_on = storage.history_enabled
+            hist_on = storage.history_enabled and every_version
             self.may_contain_duplicates = hist_on
             self.history = hist_on and rec is not None and start_seqno + 1 >= rec.history_start
             self._end_key = item_key(vbucket, self.end_seqno)
             self._done = start_seqno >= self.end_seqno
+            if not self._done and storage.history_enabled and not every_version:
+                skip = _superseded(
+                    txn.cursor(db=storage.item_db(vbucket)), vbucket, start_seqno, self.end_seqno
+                )
+                self._skip = skip or None
             if not self._done:
                 cur = txn.cursor(db=storage.item_db(vbucket))
                 if cur.set_range(item_key(vbucket, start_seqno + 1)):
@@ -150,11 +174,14 @@ class BackfillScan:
         append = out.append
         vb = self.vbucket
         end_key = self._end_key
+        skip = self._skip
         try:
             for k, v in self._iter:  # type: ignore[union-attr]
                 if k > end_key:
                     self._done = True
                     break
+                if skip is not None and int.from_bytes(k[2:10], "big") in skip:
+                    continue
                 if not record_intact(v):
                     self._done = True
                     raise checksum_error(vb, int.from_bytes(k[2:10], "big"), v)
@@ -188,6 +215,7 @@ class BackfillScan:
         wire = bytearray()
         starts = array("I")
         others: list[Item] | None = None
+        skip = self._skip
         n = 0
         nbytes = 0
         first = last = 0
@@ -201,6 +229,11 @@ class BackfillScan:
                     self._done = True
                     chunk.beyond = seqno
                     break
+                if skip is not None and seqno in skip:  # superseded (module rules)
+                    if seqno >= limit:
+                        self._done = True
+                        break
+                    continue
                 if op == _MUTATION:
                     others = None
                     starts.append(len(wire))
@@ -273,3 +306,34 @@ class BackfillScan:
             f"BackfillScan(vb={self.vbucket}, {self.start_seqno}..{self.end_seqno}, "
             f"history={self.history}, done={self._done})"
         )
+
+
+def _superseded(cur: lmdb.Cursor, vb: int, start_seqno: int, end_seqno: int) -> frozenset[int]:
+    """Seqnos in ``(start_seqno, end_seqno]`` whose key has a newer version in that range.
+
+    One pass from ``end_seqno`` down: the first version of a key met is its newest, every
+    later one is superseded. A damaged record counts as no key here (its own read raises
+    ``ChecksumError`` when the scan reaches it).
+    """
+    first_key = item_key(vb, start_seqno + 1)
+    if cur.set_range(item_key(vb, end_seqno + 1)):
+        if not cur.prev():
+            return frozenset()
+    elif not cur.last():
+        return frozenset()
+    seen: set[bytes] = set()
+    skip: list[int] = []
+    add, note = seen.add, skip.append
+    crc, residue, shortest, head = crc32c, CRC_RESIDUE, _SHORTEST, _KEY_LEN
+    key_at = RECORD_HEAD
+    for k, raw in cur.iterprev():
+        if k < first_key:
+            break
+        if len(raw) < shortest or crc(raw) != residue:
+            continue
+        key = raw[key_at : key_at + head(raw)[0]]
+        if key in seen:
+            note(int.from_bytes(k[2:10], "big"))
+        else:
+            add(key)
+    return frozenset(skip)

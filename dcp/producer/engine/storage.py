@@ -286,11 +286,15 @@ class LmdbStorage:
             raise damaged
         return decode_item(vb, raw)
 
-    def open_backfill(self, vb: int, start_seqno: int) -> BackfillScan:
-        """A consistent scan of everything stored for ``vb`` after ``start_seqno``."""
+    def open_backfill(
+        self, vb: int, start_seqno: int, *, every_version: bool = True
+    ) -> BackfillScan:
+        """A consistent scan of everything stored for ``vb`` after ``start_seqno``;
+        ``every_version=False`` leaves out the superseded versions a history window keeps
+        (each key once, as without history: backfill.py's module rules)."""
         if not 0 <= vb < self.num_vbuckets:
             raise ValueError(f"vbucket {vb} out of range")
-        return BackfillScan(self, vb, start_seqno)
+        return BackfillScan(self, vb, start_seqno, every_version=every_version)
 
     def scan_opened(self) -> None:
         """A backfill scan is about to open its read transaction: wait while the map is
