@@ -51,9 +51,10 @@ from .engine import Bucket, EngineConfig, VBucket
 from .limits import accept_connections, guard_output
 from .metrics import ServerMetrics, serve_metrics
 from .persistence import Persistence
+from .replication.link import SourceAuth, tls_open_stream
 from .replication.manager import ReplicationManager
 from .stream_registry import StreamRegistry
-from .tls import server_context
+from .tls import replication_context, server_context
 from .vbucket_states import VBucketStates
 
 __all__ = ["DcpServer", "ServerConfig", "open_server"]
@@ -84,6 +85,10 @@ class DcpServer:
         #: the users and their privileges (auth.py); None: authentication is off. Built
         #: here: a bad users file raises ``UsersFileError`` before anything runs.
         self.authenticator = Authenticator.from_config(self.config)
+        #: how replication connections connect (TLS with ``replication_tls``)
+        self._replication_tls = (
+            replication_context(self.config) if self.config.replication_tls else None
+        )
         self.port = 0
         #: the TLS listener's port (0: none)
         self.tls_port = 0
@@ -218,13 +223,24 @@ class DcpServer:
         static topology (``replica_of``) always find them."""
         node = self.config.advertise or f"{self.config.host}:{self.port}"
         states = self.vbucket_states = VBucketStates(self, node)
-        manager = ReplicationManager(states)
+        manager = ReplicationManager(states, **self._replication_options())
         await bg.start(self._run_replication, manager)
         states.manager = manager
         bg.start_soon(states.run)
         states.start(self.config.replica_of)
         if self.config.replica_of:
             log.info("every vbucket is a replica of %s", self.config.replica_of)
+
+    def _replication_options(self) -> dict[str, Any]:
+        """Credentials (``replication_user``, the node's internal user) and TLS of this
+        node's replication connections to their sources."""
+        c = self.config
+        options: dict[str, Any] = {}
+        if c.replication_user:
+            options["auth"] = SourceAuth(c.replication_user, c.replication_password)
+        if self._replication_tls is not None:
+            options["open_stream"] = tls_open_stream(self._replication_tls)
+        return options
 
     async def _run_replication(
         self, manager: ReplicationManager, *, task_status: Any = trio.TASK_STATUS_IGNORED

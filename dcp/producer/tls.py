@@ -29,7 +29,7 @@ from .config import ConfigError, ServerConfig
 if TYPE_CHECKING:
     from .connection import Connection
 
-__all__ = ["handshake", "is_tls", "peer_subject", "server_context"]
+__all__ = ["handshake", "is_tls", "peer_subject", "replication_context", "server_context"]
 
 log = logging.getLogger("dcp.server")
 
@@ -52,6 +52,26 @@ def server_context(cfg: ServerConfig) -> ssl.SSLContext:
         ctx.verify_mode = ssl.CERT_REQUIRED
     else:
         ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def replication_context(cfg: ServerConfig) -> ssl.SSLContext:
+    """The context of this node's replication connections (``replication_tls``): the
+    sources' certificates are verified against ``replication_tls_ca`` (empty: the
+    system's CAs), and the node's own ``tls_cert``/``tls_key``, when set, are its client
+    certificate for sources that require one (mutual TLS)."""
+    try:
+        ctx = ssl.create_default_context(cafile=cfg.replication_tls_ca or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"replication_tls_ca: cannot load {cfg.replication_tls_ca!r}: {exc}"
+        ) from exc
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cfg.tls_cert and cfg.tls_key:
+        try:
+            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"tls_cert/tls_key: cannot load {cfg.tls_cert!r}: {exc}") from exc
     return ctx
 
 

@@ -14,24 +14,42 @@ Rules of this module:
   window: no flow control) and is logged.
 - Dead connection: after ``probe_after`` seconds of silence a plain NOOP probes the
   source; if another ``probe_after`` passes with nothing received, the link is lost.
+- Authentication (``SourceAuth``: the node's ``replication_user``): SASL_AUTH goes in the
+  first write with HELLO, SASL_STEP follows for SCRAM, then DCP_OPEN and the controls;
+  the SASL messages are ``dcp.protocol.sasl.SaslClient``'s. A refusal is a ``LinkLost``
+  naming the user and mechanism (retried with backoff, logged once: the source's users
+  file may be fixed and reloaded meanwhile).
+- TLS (``replication_tls``): ``tls_open_stream`` is the ``OpenStream`` that connects and
+  finishes the TLS handshake, verifying the source's certificate; a failed handshake is
+  a ``LinkLost`` too.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
 from ...protocol import codec
-from ...protocol.errors import RemoteProtocolError, for_status
+from ...protocol.errors import AuthenticationError, RemoteProtocolError, for_status
 from ...protocol.events import Answer
 from ...protocol.frames import Frame
 from ...protocol.opcodes import DcpOpenFlag, HelloFeature, Status
+from ...protocol.sasl import SaslClient
 from ...protocol.session import ClientSession
 
-__all__ = ["Link", "LinkLost", "OpenStream", "SourceSettings", "split_address"]
+__all__ = [
+    "Link",
+    "LinkLost",
+    "OpenStream",
+    "SourceAuth",
+    "SourceSettings",
+    "split_address",
+    "tls_open_stream",
+]
 
 log = logging.getLogger("dcp.replication")
 
@@ -42,8 +60,35 @@ _FEATURES = [int(HelloFeature.XERROR), int(HelloFeature.JSON)]
 
 
 @dataclass(frozen=True)
+class SourceAuth:
+    """Who replication connections authenticate as (the node's internal user)."""
+
+    username: str
+    password: str = field(repr=False)  # never in a log line
+    mechanism: str = "SCRAM-SHA512"
+
+
+def tls_open_stream(ctx: ssl.SSLContext, open_tcp: OpenStream = trio.open_tcp_stream) -> OpenStream:
+    """An ``OpenStream`` that returns a TLS stream with its handshake done (the source's
+    certificate verified against ``ctx`` for the host connected to)."""
+
+    async def open_tls(host: str, port: int) -> trio.abc.Stream:
+        tcp = await open_tcp(host, port)
+        tls = trio.SSLStream(tcp, ctx, server_hostname=host, https_compatible=True)
+        try:
+            await tls.do_handshake()
+        except BaseException:
+            await trio.aclose_forcefully(tcp)
+            raise
+        return tls
+
+    return open_tls
+
+
+@dataclass(frozen=True)
 class SourceSettings:
-    """How replication connections connect, back off, detect death and flow-control."""
+    """How replication connections connect, authenticate, back off, detect death and
+    flow-control."""
 
     open_stream: OpenStream
     backoff_initial: float = 0.1
@@ -52,6 +97,7 @@ class SourceSettings:
     noop_interval: float | None = 5.0  # None: no noops, no dead-connection detection
     window: int = 16 * 1024 * 1024  # flow-control buffer (0: none)
     receive_size: int = 256 * 1024
+    auth: SourceAuth | None = None  # None: connect without authenticating
 
 
 class LinkLost(Exception):
@@ -94,6 +140,8 @@ class Link:
             raise LinkLost(f"connect to {addr} timed out after {timeout:g}s") from exc
         except OSError as exc:
             raise LinkLost(f"connect to {addr} failed: {exc}") from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise LinkLost(f"TLS handshake with {addr} failed: {exc.__cause__ or exc}") from exc
         return cls(stream, session)
 
     # ------------------------------------------------------------------ sending
@@ -155,9 +203,17 @@ class Link:
 
     # ------------------------------------------------------------------ handshake
 
-    async def handshake(self, name: str, *, window: int, noop_interval: float | None) -> None:
-        """HELLO, DCP_OPEN and the controls (see the module rules); raises ``LinkLost``
-        (a refused DCP_OPEN too: the source may be starting, so it is retried)."""
+    async def handshake(
+        self,
+        name: str,
+        *,
+        window: int,
+        noop_interval: float | None,
+        auth: SourceAuth | None = None,
+    ) -> None:
+        """HELLO, SASL with ``auth``, DCP_OPEN and the controls (see the module rules);
+        raises ``LinkLost`` (a refused DCP_OPEN too: the source may be starting, so it is
+        retried)."""
         s = self.session
         controls: list[tuple[str, str]] = []
         if noop_interval:
@@ -173,14 +229,17 @@ class Link:
         reqs = []
         o = s.expect(s.next_opaque())
         reqs.append((o, codec.hello(name, _FEATURES, opaque=o)))
+        answers: list[Frame] = []
+        if auth is not None:
+            answers = [await self._authenticate(auth, reqs)]
+            reqs = []
         o = s.expect(s.next_opaque())
         flags = int(DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES)
         reqs.append((o, codec.dcp_open(name, flags, opaque=o)))
         for key, value in controls:
             o = s.expect(s.next_opaque())
             reqs.append((o, codec.dcp_control(key, value, opaque=o)))
-        await self._send_all(b"".join(data for _, data in reqs))
-        answers = await self._answers([o for o, _ in reqs])
+        answers += await self._call(reqs)
         hello, opened = answers[0], answers[1]
         if opened.status != Status.SUCCESS:
             raise LinkLost(f"DCP_OPEN refused: {for_status(opened.status, bytes(opened.value))}")
@@ -196,6 +255,33 @@ class Link:
             self.probe_after = noop_interval
         if window and not ok["connection_buffer_size"]:
             s.flow.enabled = False
+
+    async def _call(self, reqs: list[tuple[int, bytes]]) -> list[Frame]:
+        """Send ``reqs`` in one write; their answers in order."""
+        await self._send_all(b"".join(data for _, data in reqs))
+        return await self._answers([o for o, _ in reqs])
+
+    async def _authenticate(self, auth: SourceAuth, first: list[tuple[int, bytes]]) -> Frame:
+        """SASL as ``auth``, its first message sent with the requests ``first`` (HELLO);
+        returns the answer to those."""
+        s = self.session
+        who = f"authentication as {auth.username!r} with {auth.mechanism}"
+        try:
+            client = SaslClient(auth.mechanism, auth.username, auth.password)
+            o = s.expect(s.next_opaque())
+            *answers, f = await self._call(
+                [*first, (o, codec.sasl_auth(auth.mechanism, client.start(), opaque=o))]
+            )
+            if f.status == Status.AUTH_CONTINUE:
+                o = s.expect(s.next_opaque())
+                data = codec.sasl_step(auth.mechanism, client.step(bytes(f.value)), opaque=o)
+                (f,) = await self._call([(o, data)])
+            if f.status == Status.SUCCESS:
+                client.finish(bytes(f.value))
+                return answers[0]
+        except (AuthenticationError, ValueError) as exc:
+            raise LinkLost(f"{who} failed: {exc}") from exc
+        raise LinkLost(f"{who} refused: {for_status(f.status, bytes(f.value))}")
 
     async def _answers(self, opaques: list[int]) -> list[Frame]:
         got: dict[int, Frame] = {}

@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from ...protocol.opcodes import VBucketState
-from .link import OpenStream, SourceSettings, split_address
+from .link import OpenStream, SourceAuth, SourceSettings, split_address
 from .source import SourceConnection
 from .target import Assignment, ReplicaTarget
 
@@ -52,6 +52,7 @@ class ReplicationManager:
         noop_interval: seconds between the source's DCP noops; after this much silence
             the connection is probed, after twice as much it is dropped. None: no noops.
         window: the flow-control buffer asked of the source (bytes; 0: none).
+        auth: the user replication connections authenticate as (None: they do not).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class ReplicationManager:
         connect_timeout: float = 5.0,
         noop_interval: float | None = 5.0,
         window: int = 16 * 1024 * 1024,
+        auth: SourceAuth | None = None,
     ) -> None:
         if not 0 < backoff_initial <= backoff_max:
             raise ValueError("need 0 < backoff_initial <= backoff_max")
@@ -75,6 +77,7 @@ class ReplicationManager:
             connect_timeout=connect_timeout,
             noop_interval=noop_interval,
             window=window,
+            auth=auth,
         )
         self._assignment: dict[int, Assignment] = {}
         #: takeovers whose source already changed the state here, with their assignment

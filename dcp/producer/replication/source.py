@@ -136,7 +136,10 @@ class SourceConnection:
             try:
                 with trio.fail_after(cfg.connect_timeout):
                     await link.handshake(
-                        self.name, window=cfg.window, noop_interval=cfg.noop_interval
+                        self.name,
+                        window=cfg.window,
+                        noop_interval=cfg.noop_interval,
+                        auth=cfg.auth,
                     )
             except trio.TooSlowError:
                 raise LinkLost(f"handshake timed out after {cfg.connect_timeout:g}s") from None
