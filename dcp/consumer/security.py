@@ -103,7 +103,7 @@ def tls_failure(exc: BaseException, where: str = "") -> TlsError | None:
     at = f" with {where}" if where else ""
     if isinstance(cause, ssl.SSLCertVerificationError):
         text = f"TLS{at}: the server's certificate is not trusted: {cause.verify_message}"
-        hint = " (give the CA that signed it: tls_ca= or DCP_TLS_CA)"
+        hint = " (trust the CA that signed it: tls_ca=, dcpctl --tls-ca, or DCP_TLS_CA)"
         err = TlsError(text + hint)
     elif cause.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE"):
         err = TlsError(f"TLS{at}: the server does not speak TLS on this port ({cause})")
