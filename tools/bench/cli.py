@@ -11,7 +11,9 @@ Usage (see docs/benchmarks.md)::
 
 Scenarios: ceiling, stream-memory, stream-disk, ingest, fanout, latency, slow-consumer;
 and ``replication`` (an active and a ``--replica-of`` replica; not part of ``all``: it runs
-itself, then stream-memory and stream-disk at the same size, without the Redis peer).
+itself, then stream-memory and stream-disk at the same size, without the Redis peer), and
+``tls`` (not part of ``all``: stream-memory and ingest over TLS vs plaintext on the same
+server, and SCRAM/PLAIN logins per second; ``tls.py``).
 Each starts its own servers on loopback ports (ours: ``dcp-server --port 0`` as a
 subprocess; the peer: ``redis-server`` on a free port with persistence off), runs ours and
 the peer alternately for ``--reps`` repetitions, and reports medians, min-max, ours/peer,
@@ -38,11 +40,12 @@ from . import report as bench_report
 from .procs import BenchError, ensure_redis
 from .replication import replication
 from .scenarios import SCENARIOS, Ctx
+from .tls import tls
 
 ORDER = list(SCENARIOS)
 #: Commands that are not part of ``all``: the scenarios each one runs, in order.
-GROUPS = {"replication": ["replication", "stream-memory", "stream-disk"]}
-RUNNERS = {**SCENARIOS, "replication": replication}
+GROUPS = {"replication": ["replication", "stream-memory", "stream-disk"], "tls": ["tls"]}
+RUNNERS = {**SCENARIOS, "replication": replication, "tls": tls}
 DEFAULTS = {
     "items": 1_000_000,
     "fanout_items": 200_000,
@@ -90,11 +93,12 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
     if scenario in ("latency", "replication", "all"):
         g.add_argument("--seconds", type=float, help="latency/lag: seconds of writing (30)")
         g.add_argument("--rate", type=int, help="latency/lag: writes per second (10000)")
-    if scenario in ("fanout", "all"):
+    if scenario in ("fanout", "tls", "all"):
         g.add_argument(
             "--clients",
             type=lambda s: [int(x) for x in s.split(",")],
-            help="fanout: consumer counts, comma-separated (1,4,16)",
+            help="fanout: consumer counts, comma-separated (1,4,16); tls: the largest is "
+            "the number of concurrent logins",
         )
     if scenario in ("slow-consumer", "all"):
         g.add_argument("--keys", type=int, help="slow-consumer: distinct keys (100000)")
@@ -160,8 +164,8 @@ def options(ns: argparse.Namespace) -> argparse.Namespace:
         given["fanout_items"] = given.pop("items")
     if ns.cmd == "slow-consumer" and "items" in given:
         given["slow_items"] = given.pop("items")
-    if ns.cmd == "replication":
-        given["no_peer"] = True  # two of our servers; Redis has nothing to compare here
+    if ns.cmd in ("replication", "tls"):
+        given["no_peer"] = True  # our servers only; Redis has nothing to compare here
     o.update(given)
     o["log_dir"] = tempfile.mkdtemp(prefix="dcp-bench-logs-")
     return argparse.Namespace(**o)
@@ -181,6 +185,8 @@ def _steps(o: argparse.Namespace, names: list[str], peer: bool) -> int:
             n += o.slow_reps or o.reps
         elif name == "replication":
             n += o.reps * 2
+        elif name == "tls":
+            n += o.reps * 4 + 2
         else:
             n += o.reps * sides
     return n

@@ -25,6 +25,7 @@ GOALS: dict[str, str] = {
     "slow-consumer": "peak RSS <= quota + 150 MiB, nothing lost",
     "ceiling": "(reference)",
     "replication": ">= 300 k/s applied; lag p99 <= 5 ms at 10 k/s",
+    "tls": "TLS >= 0.6x plaintext (stream-memory and ingest)",
 }
 
 
@@ -47,6 +48,9 @@ def evaluate(res: dict[str, Any]) -> bool | None:
         return med is not None and med <= 2.0
     if name == "slow-consumer":
         return bool(res.get("ok")) and all(r["within_limit"] for r in ours.get("runs", []))
+    if name == "tls":
+        ratios = list((res.get("tls_ratios") or {}).values())
+        return bool(ratios) and all(r is not None and r >= 0.6 for r in ratios)
     if name == "replication":
         applied, p99 = res.get("applied_rate"), res.get("lag_p99_ms")
         return applied is not None and applied >= 300_000 and p99 is not None and p99 <= 5.0
