@@ -108,7 +108,9 @@ async def handshake(conn: Connection, ctx: ssl.SSLContext, timeout: float) -> bo
             conn.close_reason = f"TLS handshake failed: {cause}"
             log.info("TLS handshake failed id=%d peer=%s: %s", conn.id, conn.peer, cause)
             return False
-        conn.stream = tls
+        # Connection is typed for the socket it was accepted with (its peer name comes
+        # from there); from here on it only sends and receives, which any stream does
+        conn.stream = tls  # type: ignore[assignment]
         log.debug(
             "TLS connection id=%d peer=%s %s %s client=%s",
             conn.id,
