@@ -12,9 +12,10 @@ Rules of this module:
   EACCESS, the others go straight to the server's handlers (no check per request).
 - ``OPCODE_PRIVILEGES`` is the one table of what each served opcode needs (a test checks
   it covers every opcode the server serves); an opcode missing from it needs ``admin``.
-- SASL (``dcp.protocol.sasl``) runs here: PLAIN only on TLS or loopback connections,
-  SASL refused after DCP_OPEN, and the third failed authentication (AUTH_ERROR or
-  EINVAL) closes the connection once its answer is sent.
+- SASL (``dcp.protocol.sasl``) runs here: PLAIN only on TLS or loopback connections
+  (its PBKDF2 derivation in a worker thread: ``AwaitBeforeNext``), SASL refused after
+  DCP_OPEN, and the third failed authentication (AUTH_ERROR or EINVAL) closes the
+  connection once its answer is sent (logged at INFO, the closing one at WARNING).
 - ``Authenticator.reload`` (SIGHUP) re-reads the file; a bad file is logged and the old
   users stay. Connected users get their new privileges at once; a removed user's
   connection is closed, and so is a DCP connection whose user lost ``stream``. A new
@@ -34,12 +35,14 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from ..protocol import codec
 from ..protocol.frames import Frame
 from ..protocol.opcodes import Opcode, Status
 from ..protocol.sasl import SaslResult, SaslServer
 from .dispatch import Handler, HandlerTable
-from .request_reader import CloseAfterAnswer
+from .request_reader import AwaitBeforeNext, CloseAfterAnswer
 from .users import PRIVILEGES, User, Users, UsersFileError, add_user, remove_user
 
 if TYPE_CHECKING:
@@ -260,13 +263,24 @@ class _Gate:
             conn.error(f.opcode, Status.NOT_SUPPORTED, f.opaque, "no SASL after DCP_OPEN")
             return
         if f.extras:
-            result = SaslResult(Status.EINVAL, b"SASL requests carry no extras")
-        else:
-            if f.opcode == Opcode.SASL_AUTH and self.user is not None:
-                self.user = None  # authenticating again: the old identity is gone
-                self._fill()
-            mechanism = bytes(f.key).decode("ascii", "replace")
-            result = run(mechanism, bytes(f.value))
+            self._answer(conn, f, SaslResult(Status.EINVAL, b"SASL requests carry no extras"))
+            return
+        if f.opcode == Opcode.SASL_AUTH and self.user is not None:
+            self.user = None  # authenticating again: the old identity is gone
+            self._fill()
+        mechanism = bytes(f.key).decode("ascii", "replace")
+        data = bytes(f.value)
+        if mechanism == "PLAIN" and f.opcode == Opcode.SASL_AUTH:
+            # PLAIN derives the key from the password (PBKDF2, tens of ms): in a worker
+            # thread, so the other connections are served meanwhile
+            async def plain() -> None:
+                result = await trio.to_thread.run_sync(run, mechanism, data)
+                self._answer(conn, f, result)
+
+            raise AwaitBeforeNext(plain)
+        self._answer(conn, f, run(mechanism, data))
+
+    def _answer(self, conn: Connection, f: Frame, result: SaslResult) -> None:
         if result.status == Status.AUTH_CONTINUE:
             conn.respond(
                 codec.response(f.opcode, Status.AUTH_CONTINUE, opaque=f.opaque, value=result.value)
@@ -288,7 +302,8 @@ class _Gate:
         self.failures += 1
         status = Status.EINVAL if result.status == Status.EINVAL else Status.AUTH_ERROR
         why = result.value.decode("utf-8", "replace")
-        log.warning(
+        log.log(
+            logging.WARNING if self.failures >= MAX_FAILURES else logging.INFO,
             "authentication failed id=%d peer=%s (%d of %d): %s",
             conn.id,
             conn.peer,

@@ -32,11 +32,16 @@ Rules of this module:
   EINVAL and the connection is closed. A handler that must end the connection after
   its answer (the third failed authentication, auth.py) raises ``CloseAfterAnswer``:
   what is queued is sent (for up to a second), then the connection closes.
+- A handler whose answer needs blocking work (a PLAIN password's PBKDF2 derivation, tens
+  of milliseconds) raises ``AwaitBeforeNext`` with that work, which runs it in a worker
+  thread and queues the answer; the reader awaits it before the next frame, so answers
+  stay in order and other connections are served meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import trio
@@ -49,7 +54,7 @@ from ..protocol.opcodes import Status
 if TYPE_CHECKING:
     from .connection import Connection
 
-__all__ = ["CloseAfterAnswer", "read_requests"]
+__all__ = ["AwaitBeforeNext", "CloseAfterAnswer", "read_requests"]
 
 log = logging.getLogger("dcp.conn")
 _RECEIVE_SIZE = 256 * 1024
@@ -57,6 +62,15 @@ _RECEIVE_SIZE = 256 * 1024
 
 class CloseAfterAnswer(Exception):
     """Raised by a handler (its answer already queued): close once the answer is sent."""
+
+
+class AwaitBeforeNext(Exception):
+    """Raised by a handler: await ``work()`` (it queues the answer, and may raise
+    ``CloseAfterAnswer``) before handling the next frame."""
+
+    def __init__(self, work: Callable[[], Awaitable[None]]) -> None:
+        super().__init__("handler work to await")
+        self.work = work
 
 
 async def read_requests(conn: Connection) -> None:
@@ -131,6 +145,13 @@ async def read_requests(conn: Connection) -> None:
                     handler(conn, ev)
                 except RemoteProtocolError as exc:
                     conn.error(ev.opcode, Status.EINVAL, ev.opaque, str(exc))
+                except AwaitBeforeNext as later:
+                    try:
+                        await later.work()
+                    except CloseAfterAnswer as exc:
+                        await conn.drain(1.0)
+                        conn.close_reason = str(exc)
+                        return
                 except CloseAfterAnswer as exc:
                     await conn.drain(1.0)
                     conn.close_reason = str(exc)

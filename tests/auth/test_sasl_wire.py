@@ -10,9 +10,11 @@ import re
 import struct
 
 import pytest
+import trio
 
 from dcp.producer.auth import Authenticator, handlers_for, is_loopback
 from dcp.producer.dispatch import HANDLERS
+from dcp.producer.request_reader import AwaitBeforeNext
 from dcp.producer.users import Users
 from dcp.protocol import DcpOpenFlag, FrameReader, Opcode, Status, codec
 from dcp.protocol.sasl import SaslClient
@@ -225,7 +227,40 @@ async def test_plain_needs_tls_or_loopback(users_file, tls, plain_ok):
     for frame in _frames(
         codec.sasl_list_mechs(1) + codec.sasl_auth("PLAIN", b"\0u_read\0pw-u_read", 2)
     ):
-        table.requests[frame.opcode](conn, frame)  # type: ignore[arg-type]
+        try:
+            table.requests[frame.opcode](conn, frame)  # type: ignore[arg-type]
+        except AwaitBeforeNext as later:  # PLAIN: the derivation runs in a thread
+            await later.work()
     mechs, auth = (_frames(f)[0] for f in conn.out)
     assert (b"PLAIN" in bytes(mechs.value)) is plain_ok
     assert auth.status == (Status.SUCCESS if plain_ok else Status.AUTH_ERROR)
+
+
+async def test_a_plain_login_does_not_stall_other_connections(tmp_path):
+    """PLAIN derives the key from the password (PBKDF2 at the user's iterations): that
+    runs in a worker thread, so another connection's NOOP is answered meanwhile."""
+    from dcp.producer.auth import add_user
+
+    from .conftest import auth_server
+
+    users = tmp_path / "users.toml"
+    add_user(users, "slow", ["read"], "pw", iterations=400_000)
+    answered: dict[str, float] = {}
+    async with auth_server(tmp_path / "data", users) as srv:
+        async with connect(srv) as a, connect(srv) as b:
+
+            async def login() -> None:
+                r = await a.call(codec.sasl_auth("PLAIN", b"\0slow\0pw", 1), 1, timeout=30)
+                assert r.status == Status.SUCCESS
+                answered["login"] = trio.current_time()
+
+            async def noop() -> None:
+                await trio.sleep(0.05)  # the login is being derived by now
+                r = await b.call(codec.request(Opcode.NOOP, opaque=2), 2, timeout=30)
+                assert r.status == Status.SUCCESS
+                answered["noop"] = trio.current_time()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(login)
+                nursery.start_soon(noop)
+    assert answered["noop"] < answered["login"], answered
