@@ -3,8 +3,9 @@
 Rules of this module: one table, no logic. ``HANDLERS`` is built once here and handed to
 each ``Connection`` by the server (a constructor argument), so the connection's reader
 imports no handler module. When a users file is set, each connection gets its own gated
-copy instead (``auth.handlers_for``: EACCESS until SASL succeeds, then by privilege). An opcode not in ``requests`` is answered UNKNOWN_COMMAND
-(never a disconnect), so clients can probe for features.
+copy instead (``auth.handlers_for``: EACCESS until SASL succeeds, then by privilege). An
+opcode not in ``requests`` is answered UNKNOWN_COMMAND (never a disconnect), so clients can
+probe for features.
 """
 
 from __future__ import annotations
