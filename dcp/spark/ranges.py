@@ -210,14 +210,19 @@ class RangeRead:
             raise MergedSnapshotError(
                 rng.vbucket, rng.start, rng.end, self.snap_start, self.snap_end, self.flags
             )
+        # The rows are tagged as every change set is, from where the range (or its part
+        # not yet handed out) began: ``first``, not the server's snapshot start, which is
+        # only where the disk happened to hold the first surviving version.
         log.warning(
-            "vbucket %d: range (%d, %d] was merged into snapshot [%d, %d] since it "
-            "was planned; handing that snapshot out whole (rows past seqno %d "
-            "included)",
+            "vbucket %d: range (%d, %d] was merged into the server's snapshot [%d, %d] "
+            "since it was planned; handing it out whole as rows tagged snapshot_start=%d, "
+            "snapshot_end=%d (rows past seqno %d included)",
             rng.vbucket,
             rng.start,
             rng.end,
             self.snap_start,
+            self.snap_end,
+            self.first,
             self.snap_end,
             rng.end,
         )

@@ -101,6 +101,7 @@ def test_reread_reads_the_merged_snapshot_whole(disk_server):
         rs = [r for r in rows if r[0] == vb]
         if rs:  # each vbucket ends on a whole snapshot that reaches past the planned end
             assert max(r[1] for r in rs) == max(r[6] for r in rs) >= highs[vb]
+            assert {r[5] for r in rs} == {1}  # tagged from the range start (0) + 1
 
 
 def test_a_range_rewritten_and_persisted_since_planning_is_exact_from_retained_memory(

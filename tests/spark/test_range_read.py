@@ -1,0 +1,57 @@
+"""RangeRead's decisions without a server: what a merged snapshot read whole reports."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from dcp.protocol.opcodes import SnapshotMarkerFlag
+from dcp.spark.batch_plan import VbRange
+from dcp.spark.changes import Chunk, mutation_row
+from dcp.spark.errors import MergedSnapshotError
+from dcp.spark.ranges import RangeRead
+
+DISK = int(SnapshotMarkerFlag.DISK)
+
+
+def _receive(rr: RangeRead, seqnos: range, rev: int) -> None:
+    """Items as the executor appends them (column by column), then its decision call."""
+    for s in seqnos:
+        row = mutation_row(7, s, rev, s << 16, 0, 0, 0, 0, b"k%d" % s, b"v")
+        for col, value in zip(rr.rows, row, strict=True):
+            col.append(value)
+        if s >= rr.stop:
+            rr.item_done(s)
+
+
+def _merged_disk_snapshot(policy: str) -> tuple[RangeRead, Chunk]:
+    """The range (10, 20] planned; since then the disk merged it into the snapshot
+    [14, 30] (11..13 replaced by later revisions, which sit past the planned end)."""
+    out = Chunk()
+    rr = RangeRead(VbRange(7, 0xABC, 10, 20), out, policy)
+    rr.marker(14, 30, DISK)
+    _receive(rr, range(14, 21), rev=1)
+    _receive(rr, range(21, 31), rev=2)
+    return rr, out
+
+
+def test_reread_tags_the_merged_snapshot_from_the_range_start_and_says_so(caplog) -> None:
+    """The rows of a change set are tagged [range start + 1, end] (docs/spark.md,
+    Reading); handed out whole, a merged snapshot keeps that start, and the warning
+    names the tags the rows carry, not only the server's snapshot start."""
+    caplog.set_level(logging.WARNING, logger="dcp.spark")
+    rr, out = _merged_disk_snapshot("reread")
+    assert rr.done
+    ((vb, start, end, n, _uuid, _gen),) = out.segments
+    assert (vb, start, end, n) == (7, 11, 30, 17)
+    (msg,) = [r.getMessage() for r in caplog.records]
+    assert "server's snapshot [14, 30]" in msg
+    assert "snapshot_start=11, snapshot_end=30" in msg
+
+
+def test_fail_names_the_server_snapshot() -> None:
+    with pytest.raises(MergedSnapshotError) as info:
+        _merged_disk_snapshot("fail")
+    err = info.value
+    assert (err.start, err.end, err.snapshot_start, err.snapshot_end) == (10, 20, 14, 30)
