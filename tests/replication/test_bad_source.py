@@ -86,6 +86,20 @@ BAD_INPUTS = {
         + b"".join(_opq(mutations(0, 0, s)) for s in (2, 3, 4)),
         "not above 2",
     ),
+    "next-marker-before-the-end": (
+        _opq(codec.snapshot_marker(0, 0, 3, 5, 1))
+        + _opq(mutations(0, 0, 3))
+        + _opq(codec.snapshot_marker(0, 0, 6, 7, 1))
+        + _opq(mutations(0, 0, 6))
+        + _opq(mutations(0, 0, 7)),
+        "[3, 5] ended at seqno 3, before its end",
+    ),
+    "stream-end-ok-mid-snapshot": (
+        _opq(codec.snapshot_marker(0, 0, 3, 5, 1))
+        + _opq(mutations(0, 0, 3))
+        + _opq(codec.stream_end(0, 0, 0)),
+        "[3, 5] ended at seqno 3, before its end",
+    ),
     "state-outside-takeover": (
         _opq(codec.dcp_set_vbucket_state(0, 0, int(VBucketState.ACTIVE))),
         "no takeover",

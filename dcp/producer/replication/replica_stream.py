@@ -68,6 +68,7 @@ class ReplicaStream:
         "items",
         "last_end",
         "opaque",
+        "reached",
         "refused",
         "snap",
         "source_seqno",
@@ -85,6 +86,9 @@ class ReplicaStream:
         self.last_end = 0
         self.source_seqno = 0  # highest snapshot end (or advanced seqno) the source sent
         self.snap: tuple[int, int, int] | None = None  # (start, end, flags) being received
+        #: the highest seqno the open snapshot has reached (an item or SEQNO_ADVANCED):
+        #: it is whole only when that is its end
+        self.reached = 0
         self.items: list[Item] = []
         self.attempts = 0
         self.bad = 0
@@ -109,6 +113,7 @@ class ReplicaStream:
     def discard(self) -> None:
         self.snap = None
         self.items = []
+        self.reached = 0
 
     def marker(self, start: int, end: int, flags: int) -> None:
         if self.snap is not None:
@@ -123,6 +128,7 @@ class ReplicaStream:
             )
         self.snap = (start, end, flags)
         self.items = []
+        self.reached = 0
         if end > self.source_seqno:
             self.source_seqno = end
 
@@ -147,10 +153,14 @@ class ReplicaStream:
             have.extend(items)
         else:
             self.items = list(items)
+        if items:
+            self.reached = items[-1].seqno
 
     def advanced(self, seqno: int) -> None:
         if seqno > self.source_seqno:
             self.source_seqno = seqno
+        if self.snap is not None and seqno > self.reached:
+            self.reached = seqno
 
     def take(self) -> tuple[int, int, int, list[Item]]:
         """The complete snapshot: ``(start, end, flags, items)``; the buffer is emptied."""
@@ -158,7 +168,14 @@ class ReplicaStream:
         if snap is None:
             raise BadInput("snapshot end without a marker")
         items = self.items
+        reached = self.reached
         self.discard()
+        if reached != snap[1]:
+            # the session completes a snapshot at the next marker or a STREAM_END(OK)
+            # too; a replica applying it would hold half of the source's snapshot
+            raise BadInput(
+                f"snapshot [{snap[0]}, {snap[1]}] ended at seqno {reached}, before its end"
+            )
         return snap[0], snap[1], snap[2], items
 
     def applied(self, end: int) -> None:
