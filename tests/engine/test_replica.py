@@ -290,3 +290,30 @@ def test_a_snapshot_is_queued_as_item_by_item_queueing_would(items: list[Item]) 
     assert f.index == s.index and f.items == s.items
     assert (f.mem, f.last_seqno, f.queued, f.closed) == (s.mem, s.last_seqno, s.queued, True)
     assert fast_mem.used == slow_mem.used
+
+
+def test_rollback_is_not_exact_when_a_version_in_between_never_reached_disk(
+    open_bucket: Callable[..., Bucket],
+) -> None:
+    # a's revision 2 (seqno 2) was deduplicated away before any flush: the disk holds
+    # revisions 1 and 3 only, so going back to seqno 2 cannot give a's value at 2
+    bucket = open_bucket(history_seconds=3600)
+    _replica_with(bucket, 0, [(1, 1, [mut(0, 1, b"a", b"one")])])
+    bucket.flusher.flush_all()
+    _replica_with(bucket, 0, [(2, 3, [mut(0, 3, b"a", b"three", rev=3)])])
+    bucket.flusher.flush_all()
+    assert bucket.rollback(0, 2) == 0
+    assert stored(bucket, 0) == {}
+
+
+def test_rollback_restores_the_direct_predecessor_with_history(
+    open_bucket: Callable[..., Bucket],
+) -> None:
+    bucket = open_bucket(history_seconds=3600)
+    _replica_with(bucket, 0, [(1, 2, [mut(0, 1, b"a", b"one"), mut(0, 2, b"b")])])
+    bucket.flusher.flush_all()
+    _replica_with(bucket, 0, [(3, 3, [mut(0, 3, b"a", b"two", rev=2)])])
+    _replica_with(bucket, 0, [(4, 4, [mut(0, 4, b"c")])])
+    bucket.flusher.flush_all()
+    assert bucket.rollback(0, 2) == 2
+    assert stored(bucket, 0) == {b"a": (1, 1, 1001, False), b"b": (2, 1, 1002, False)}

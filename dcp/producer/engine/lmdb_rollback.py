@@ -5,11 +5,13 @@ Rules of this module:
 - ``rollback_vbucket`` is called by ``LmdbStorage.rollback`` only, with the storage
   write lock held, inside a write transaction the caller opened and commits.
 - Rolling back to R removes every stored version above R; it is EXACT when what stays
-  is the vbucket as it was at R. That holds for a key of the tail (versions above R)
-  when either a version at or below R is still stored (the history window kept it: it
-  becomes the newest again) or the oldest tail version has revision 1 (the key did not
-  exist before it). Without history a flushed tail version deleted its predecessor, so
-  a key that existed before R and changed after it cannot be restored.
+  is the vbucket as it was at R. For each key of the tail (versions above R) that holds
+  when the newest version stored at or below R is the tail's predecessor: its revision
+  is one less than the oldest tail version's (revisions grow by one per version), or
+  there is none and the oldest tail version has revision 1 (the key did not exist
+  before it). Any gap means a version in between never reached the disk (checkpoints
+  deduplicate before the flush) or was deleted (without history a flushed version
+  deletes its predecessor): what stays would not be the vbucket at R.
 - R below the purge seqno is never exact: tombstones above R were purged, and the
   versions they replaced went with them.
 - When R is not exact the vbucket is reset to empty (seqno 0, every record deleted)
@@ -46,16 +48,15 @@ def rollback_vbucket(txn: Any, vb: int, item_db: Any, seqno: int, purge_seqno: i
             tail.append(bytes(k))
             key, rev = _key_rev(raw)
             first_rev.setdefault(key, rev)
-        need = {key for key, rev in first_rev.items() if rev != 1}
-        if need and cur.first():
+        before: dict[bytes, int] = {}  # tail key -> revision of its newest version <= R
+        if cur.first():
             for k, raw in cur:
                 if int.from_bytes(k[2:10], "big") > seqno:
                     break
-                key, _rev = _key_rev(raw)
-                need.discard(key)
-                if not need:
-                    break
-        if not need:
+                key, rev = _key_rev(raw)
+                if key in first_rev:
+                    before[key] = rev  # ascending seqnos: the last one seen is the newest
+        if all(before.get(key, 0) == rev - 1 for key, rev in first_rev.items()):
             for k in tail:
                 txn.delete(k, db=item_db)
             return seqno
