@@ -25,6 +25,8 @@ from typing import Protocol
 
 import trio
 
+from ..protocol.errors import NotMyVbucket
+from ..protocol.opcodes import Status, VBucketState
 from .config import ServerConfig
 from .engine import Bucket, StorageError, StorageFullError
 from .metrics import ServerMetrics
@@ -237,13 +239,22 @@ class Persistence:
             StorageError: nothing was rolled back (the caller retries later).
         """
         bucket = self.bucket
+        vb = bucket.vbucket(vbid)
         with trio.CancelScope(shield=True):
             async with self._lock:
+                state = vb.state
+                if state not in (VBucketState.REPLICA, VBucketState.PENDING):
+                    raise NotMyVbucket(
+                        Status.NOT_MY_VBUCKET, f"vbucket {vbid} is {state.name}: no rollback"
+                    )
                 target = bucket.rollback_target(vbid, seqno)
+                rec = vb.state_record(target, target, target)  # memory: read on this thread
                 reached, index, max_cas = await trio.to_thread.run_sync(
-                    bucket.rollback_disk, vbid, target
+                    bucket.rollback_disk, vbid, target, rec
                 )
-                bucket.vbucket(vbid).reset_to(reached, index, max_cas)
+                if vb.state is not state:  # pragma: no cover - VBucketStates refuses it
+                    raise RuntimeError(f"vb {vbid} changed state during its rollback")
+                vb.reset_to(reached, index, max_cas)
         log.info("vb %d rolled back to seqno %d (asked for %d)", vbid, reached, seqno)
         return reached
 

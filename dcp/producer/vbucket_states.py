@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..protocol.errors import InvalidArguments, NotMyVbucket
+from ..protocol.errors import InvalidArguments, NotMyVbucket, TemporaryFailure
 from ..protocol.opcodes import Status, StreamEndStatus, VBucketState
 from .replication.target import Assignment
 
@@ -61,6 +61,9 @@ class VBucketStates:
         self._server = server
         self.node_name = node_name
         self._assignment: dict[int, Assignment] = {}
+        #: vbuckets whose rollback is running: their state and source stay as they are
+        #: until it is done (a promotion meanwhile would be wiped by the rollback)
+        self._rolling_back: set[int] = set()
         self.manager: ReplicationManager | None = None
         self._dirty = trio.Event()
         self._path = Path(server.config.data_dir) / SOURCES_FILE
@@ -92,6 +95,8 @@ class VBucketStates:
         bucket = self._server.bucket
         if not 0 <= vb < bucket.num_vbuckets:
             raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"no vbucket {vb}")
+        if vb in self._rolling_back:
+            raise TemporaryFailure(Status.ETMPFAIL, f"vbucket {vb} is rolling back; retry")
         unknown = set(options) - _OPTION_KEYS
         if unknown:
             raise InvalidArguments(Status.EINVAL, f"unknown options {sorted(unknown)}")
@@ -163,10 +168,14 @@ class VBucketStates:
         if seqno == 0 and server.bucket.vbucket(vb).drop_newest_failover_entry():
             log.info("vb %d: source does not know our newest branch; asking with the previous", vb)
             return server.bucket.vbucket(vb).high_seqno
-        server.stream_registry.end_streams(vb, StreamEndStatus.ROLLBACK)
-        reached = await server.persistence.rollback(vb, seqno)
-        # streams opened while the disk was rolled back read the discarded checkpoints
-        server.stream_registry.end_streams(vb, StreamEndStatus.ROLLBACK)
+        self._rolling_back.add(vb)
+        try:
+            server.stream_registry.end_streams(vb, StreamEndStatus.ROLLBACK)
+            reached = await server.persistence.rollback(vb, seqno)
+            # streams opened while the disk was rolled back read the discarded checkpoints
+            server.stream_registry.end_streams(vb, StreamEndStatus.ROLLBACK)
+        finally:
+            self._rolling_back.discard(vb)
         server.metrics.replica_rollbacks += 1
         return reached
 

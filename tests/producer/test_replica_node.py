@@ -7,15 +7,18 @@ Two in-process servers on loopback: A active, B its replica (``replica_of``).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
+from dcp.producer.engine.item import Item, ItemOp
 from dcp.producer.metrics import render
 from dcp.producer.server import DcpServer
 from dcp.producer.vbucket_states import SOURCES_FILE
 from dcp.protocol import Opcode, Status, codec
+from dcp.protocol.errors import TemporaryFailure
 from dcp.protocol.opcodes import VBucketState
 
 from .conftest import client_of, running_server
@@ -137,3 +140,42 @@ async def test_a_replica_stops_cleanly_while_its_source_writes(tmp_path: Path) -
                 assert b.bucket.vbucket(vb).failover_log.entries == (
                     a.bucket.vbucket(vb).failover_log.entries
                 )
+
+
+async def test_no_state_change_while_a_rollback_runs(tmp_path: Path) -> None:
+    async with running_server(tmp_path / "b") as b:
+        states = b.vbucket_states
+        states.set(1, VBucketState.REPLICA, {})
+        vb = b.bucket.vbucket(1)
+        vb.apply_snapshot(1, 2, 1, [_item(1, 1, b"a"), _item(1, 2, b"b")])
+        await b.flush_all()
+        slow = b.bucket.rollback_disk
+        started = trio.Event()
+
+        def rollback_disk(*args: object) -> object:
+            trio.from_thread.run_sync(started.set)
+            time.sleep(0.3)
+            return slow(*args)  # type: ignore[arg-type]
+
+        b.bucket.rollback_disk = rollback_disk  # type: ignore[method-assign]
+        reached: list[int] = []
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: _rollback(states, reached))
+            await started.wait()
+            with pytest.raises(TemporaryFailure, match="rolling back"):
+                states.set(1, VBucketState.ACTIVE, {})
+            async with client_of(b) as c:
+                frame = codec.set_vbucket_state(1, VBucketState.ACTIVE, opaque=3)
+                assert (await c.call(frame, 3)).status == Status.ETMPFAIL
+        assert reached == [1] and vb.state is VBucketState.REPLICA and vb.high_seqno == 1
+        states.set(1, VBucketState.ACTIVE, {})  # done: now it may
+        assert vb.state is VBucketState.ACTIVE
+        assert vb.failover_log.entries[0][1] == 1
+
+
+async def _rollback(states: object, out: list[int]) -> None:
+    out.append(await states.rollback(1, 1))  # type: ignore[attr-defined]
+
+
+def _item(vb: int, seqno: int, key: bytes) -> Item:
+    return Item(vb, seqno, 1, 100 + seqno, 0, 0, 0, key, b"v", ItemOp.MUTATION, 0, b"")

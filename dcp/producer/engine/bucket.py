@@ -29,6 +29,7 @@ from .compaction import Compactor
 from .config import EngineConfig
 from .flusher import Flusher
 from .item import GetResult, MutationResult
+from .records import VBStateRecord
 from .storage import LmdbStorage
 from .vbucket import StoreMode, VBucket, build_key_index
 from .warmup import VBucketWarmup, Warmup, warm_up
@@ -216,13 +217,13 @@ class Bucket:
         (the unpersisted tail is simply dropped from memory). Event-loop thread."""
         return min(seqno, self.vbucket(vb).persisted_seqno)
 
-    def rollback_disk(self, vb: int, seqno: int) -> tuple[int, dict[bytes, tuple], int]:
+    def rollback_disk(
+        self, vb: int, seqno: int, rec: VBStateRecord
+    ) -> tuple[int, dict[bytes, tuple], int]:
         """The blocking half of a rollback (worker thread; the caller holds off the
-        flusher): roll the storage back (``LmdbStorage.rollback``) and rebuild the key
-        index from what stays. Returns (seqno reached, key index, max CAS) for
-        ``VBucket.reset_to``."""
-        vbucket = self.vbucket(vb)
-        rec = vbucket.state_record(seqno, seqno, seqno)
+        flusher and made ``rec``, the vbucket's state record, on its own thread): roll
+        the storage back (``LmdbStorage.rollback``) and rebuild the key index from what
+        stays. Returns (seqno reached, key index, max CAS) for ``VBucket.reset_to``."""
         reached = self.storage.rollback(vb, seqno, rec)
         index, max_cas = build_key_index(self.storage.scan_for_warmup(vb))
         return reached, index, max_cas
@@ -235,7 +236,9 @@ class Bucket:
             raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {vb} is active: no rollback")
         if self.flusher.in_flight is not None:
             raise RuntimeError("rollback while a flush batch is in flight")
-        reached, index, max_cas = self.rollback_disk(vb, self.rollback_target(vb, seqno))
+        target = self.rollback_target(vb, seqno)
+        rec = vbucket.state_record(target, target, target)
+        reached, index, max_cas = self.rollback_disk(vb, target, rec)
         vbucket.reset_to(reached, index, max_cas)
         return reached
 
