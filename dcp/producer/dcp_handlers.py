@@ -244,7 +244,9 @@ def stream_req(conn: Connection, f: Frame) -> None:
         on_backfill=server.backfills.start,
     )
     if takeover:
-        stream.takeover = Takeover(stream, server.stream_registry, _recorder(server))
+        stream.takeover = Takeover(
+            stream, server.stream_registry, _recorder(server), bucket.flusher.state_persisted
+        )
     conn.respond(
         codec.response(
             Opcode.DCP_STREAM_REQ,

@@ -42,6 +42,7 @@ class StreamRegistry:
         self._by_vb: dict[int, set[ActiveStream]] = {}
         self._dirty: set[int] = set()
         self._on_new_items = on_new_items
+        self._later: set[ActiveStream] = set()
         #: the bucket listener: vbucket ``vbid`` got new items (or state)
         self.mark_dirty: Callable[[int], None] = self._dirty.add
 
@@ -93,6 +94,11 @@ class StreamRegistry:
             dirty.clear()
             self._on_new_items()
 
+    def wake_later(self, stream: ActiveStream) -> None:
+        """Mark ``stream`` ready at the next housekeeping tick (a takeover waiting for its
+        vbucket's state to reach the disk polls this way)."""
+        self._later.add(stream)
+
     async def run_housekeeping(self, bucket: Bucket, retain_seconds: float) -> None:
         """Wake streams whose cursors were dropped, so they switch to backfill promptly,
         and free retained checkpoints whose time is up (about once a second).
@@ -105,6 +111,11 @@ class StreamRegistry:
         while True:
             await trio.sleep(_HOUSEKEEPING_PERIOD)
             ticks += 1
+            if self._later:
+                later, self._later = self._later, set()
+                for stream in later:
+                    if stream.conn is not None and not stream.is_dead:
+                        stream.conn.mark_ready(stream)
             if retain_seconds and ticks % _RELEASE_EVERY == 0:
                 bucket.release_retained()
             dropped = bucket.cursors_dropped

@@ -25,6 +25,9 @@ Rules of this module:
   flusher is woken to persist the state, and ``on_state`` records it with the node's
   assignment (``server.vbucket_states``, after the engine has it, so that nothing is
   changed twice): a later reconcile of the assignment must not undo a hand-over.
+- The ACTIVE state is sent only once the source's DEAD state is on disk (``persisted``;
+  the stream polls through ``StreamRegistry.wake_later`` meanwhile): a source that
+  crashed after the destination turned active must not warm up active too.
 - If the stream goes away before the end (connection lost, consumer refusal, close,
   shutdown; ``released``): a source this takeover left PENDING is ACTIVE again, with no
   new failover entry (nothing was handed over, the history is unchanged); a source that
@@ -67,18 +70,23 @@ _P = TakeoverPhase
 class Takeover:
     """The hand-over state of one takeover stream (see the module rules)."""
 
-    __slots__ = ("on_state", "phase", "registry", "stream")
+    __slots__ = ("dead_version", "on_state", "persisted", "phase", "registry", "stream")
 
     def __init__(
         self,
         stream: ActiveStream,
         registry: StreamRegistry,
         on_state: Callable[[int, VBucketState], None] | None = None,
+        persisted: Callable[[int, int], bool] | None = None,
     ) -> None:
         self.stream = stream
         self.registry = registry
         #: told (vbid, state) after each state change this takeover made
         self.on_state = on_state
+        #: ``persisted(vbid, state_version)``: is that state of the vbucket on disk
+        #: (``Flusher.state_persisted``)? None: do not wait (tests of the sequence)
+        self.persisted = persisted
+        self.dead_version = 0
         self.phase = _P.STREAMING
 
     def _set_state(self, state: VBucketState, *, takeover: bool = False) -> None:
@@ -118,6 +126,12 @@ class Takeover:
             self.phase = _P.PENDING_SENT
             self._send_state(buf, buffer_log, VBucketState.PENDING)
         else:  # DEAD_DRAINING
+            stream = self.stream
+            if self.persisted is not None and not self.persisted(stream.vbid, self.dead_version):
+                # the consumer becomes active on our answer: a crash before DEAD is on disk
+                # would bring this copy back active too
+                self.registry.wake_later(stream)
+                return False
             self.phase = _P.ACTIVE_SENT
             self._send_state(buf, buffer_log, VBucketState.ACTIVE)
         return True
@@ -128,6 +142,7 @@ class Takeover:
         if self.phase is _P.PENDING_SENT:
             self.phase = _P.DEAD_DRAINING
             self._set_state(VBucketState.DEAD)
+            self.dead_version = stream.vbucket.state_version
         elif self.phase is _P.ACTIVE_SENT:
             self.phase = _P.DONE
             log.info(

@@ -207,3 +207,23 @@ async def test_two_nodes_move_a_vbucket_by_set_vbucket_state_takeover(tmp_path) 
         got = await cb.get(keys[7])
         assert got.status == Status.SUCCESS and bytes(got.value) == b"v7"
         await cb.set(keys[0], b"new")
+
+
+async def test_active_is_sent_only_once_the_source_is_dead_on_disk(server, client) -> None:
+    # a crash after the consumer turned active must not bring the source back active
+    await client.set_many([(k, b"v") for k in keys_for_vb(VB, 3, 4)])
+    await server.flush_all()
+    async with client_of(server) as dcp:
+        await _start_takeover(server, dcp, "persist")
+        (pending,) = (await dcp.read_stream_until(_is_state, ack=True))[-1:]
+        server.pause_persistence()
+        await dcp.send(codec.response(_SET_STATE, opaque=pending.opaque))
+        await _until_state(client, VBucketState.DEAD)
+        held = await dcp.frames_for(0.4)  # the DEAD state is not on disk: nothing yet
+        assert not [f for f in held if _is_state(f)], held
+        states = server.bucket.storage.load_states()
+        assert states[VB].state != VBucketState.DEAD  # what a crash would find
+        server.resume_persistence()
+        (active,) = (await dcp.read_stream_until(_is_state, ack=True))[-1:]
+        assert active.extras == bytes((VBucketState.ACTIVE,))
+        assert server.bucket.storage.load_states()[VB].state == VBucketState.DEAD

@@ -232,6 +232,11 @@ class Flusher:
         self.batches_failed += 1
         self.last_error = exc
 
+    def state_persisted(self, vbid: int, version: int) -> bool:
+        """True once the state of ``vbid`` as of its ``state_version`` ``version`` (or a
+        later one) is on disk."""
+        return self._persisted_versions.get(vbid, 0) >= version
+
     @property
     def in_flight(self) -> FlushBatch | None:
         return self._in_flight
