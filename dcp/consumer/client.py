@@ -97,12 +97,8 @@ class DcpClient:
         receive_size: bytes per socket read.
         max_queue_bytes: bound of the delivery queue when flow control is off.
         connector: ``async () -> trio.abc.Stream`` replacing the TCP connect (tests).
-        username, password, mechanism: authenticate after HELLO (SCRAM-SHA512 unless
-            ``mechanism`` says otherwise; "PLAIN" only when asked); default from
-            ``DCP_USERNAME``/``DCP_PASSWORD``. Refused: ``AuthenticationError``.
-        tls, tls_ca, tls_cert: TLS (an ``ssl.SSLContext``, or True for the system's
-            CAs; a CA file and a client certificate PEM turn it on too); default from
-            ``DCP_TLS_CA``/``DCP_TLS_CERT``/``DCP_TLS_KEY`` (``security.py``).
+        username, password, mechanism, tls, tls_ca, tls_cert: log in after HELLO and/or
+            use TLS; defaults from ``DCP_USERNAME``... (``security.py``, docs/sdk.md).
     """
 
     def __init__(
