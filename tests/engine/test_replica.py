@@ -317,3 +317,28 @@ def test_rollback_restores_the_direct_predecessor_with_history(
     bucket.flusher.flush_all()
     assert bucket.rollback(0, 2) == 2
     assert stored(bucket, 0) == {b"a": (1, 1, 1001, False), b"b": (2, 1, 1002, False)}
+
+
+def test_a_snapshot_ending_past_its_last_item_moves_the_high_seqno(bucket: Bucket) -> None:
+    # a disk snapshot whose last seqno was a purged tombstone ends with SEQNO_ADVANCED
+    vb = bucket.vbucket(0)
+    vb.set_state(R)
+    vb.apply_snapshot(1, 5, 2, [mut(0, 2, b"a")])
+    assert vb.high_seqno == 5
+    vb.apply_snapshot(6, 8, 2, [])
+    assert vb.high_seqno == 8 and vb.replication_position()[0] == 8
+    vb.apply_snapshot(9, 9, 1, [mut(0, 9, b"b")])
+    assert vb.high_seqno == 9
+
+
+@pytest.mark.parametrize(
+    "log",
+    [[], [(0, 0)], [(1, 0), (2, 5)], [(1 << 64, 0)]],
+)
+def test_a_bad_failover_log_from_the_source_is_refused(bucket: Bucket, log: list) -> None:
+    vb = bucket.vbucket(0)
+    vb.set_state(R)
+    before = list(vb.failover_log.entries)
+    with pytest.raises(ReplicationError):
+        vb.adopt_failover_log(log)
+    assert vb.failover_log.entries == before

@@ -3,6 +3,8 @@ stopping) and the takeover hand-over, against scripted sources."""
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
 from dcp.producer.replication import Assignment, ReplicationManager
@@ -162,3 +164,28 @@ async def test_an_unreachable_source_is_retried_with_backoff_and_shown_disconnec
             assert info["stream"] == "backoff"
             assert dict(mgr.stat_pairs())[f"source:{source}:connected"] == "false"
             n.cancel_scope.cancel()
+
+
+async def test_a_takeover_that_skips_pending_is_refused(caplog):
+    # ACTIVE straight away: the source may still be active itself; never two actives
+    target = FakeTarget(1)
+    acks: list[int] = []
+
+    async def takeover(conn: ProducerConn, req: StreamRequest, n: int) -> None:
+        o = req.opaque
+        await conn.send(stream_ok(req, LOG), codec.snapshot_marker(0, o, 1, 2, 1))
+        await conn.send(mutations(0, o, 1, 2))
+        await conn.send(codec.dcp_set_vbucket_state(0, o, int(ACTIVE)))
+        with trio.move_on_after(0.5):
+            acks.append((await conn.response(Opcode.DCP_SET_VBUCKET_STATE, o)).vbucket)
+
+    async with ScriptedProducer(takeover).running() as p:
+        mgr = manager(target)
+        with caplog.at_level(logging.ERROR, logger="dcp.replication"):
+            async with trio.open_nursery() as n:
+                await n.start(mgr.run)
+                mgr.reconcile({0: Assignment(REPLICA, p.address, takeover=True)})
+                await wait_until(lambda: len(p.requests) >= 2)  # closed, asked again
+                n.cancel_scope.cancel()
+    assert target.states[0] == REPLICA and acks == []
+    assert any("active before pending" in r.getMessage() for r in caplog.records)

@@ -37,6 +37,7 @@ from ...protocol.errors import (
 )
 from ...protocol.opcodes import Status, VBucketState
 from .checkpoint_manager import CheckpointManager, CheckpointMemory
+from .errors import ReplicationError
 from .failover import FailoverTable
 from .item import GetResult, Item, ItemOp, MutationResult
 from .records import VBStateRecord
@@ -419,6 +420,9 @@ class VBucket:
             raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is {self.state.name}")
         check_snapshot(self.vbid, self.high_seqno, start, end, items)
         if not items:
+            if end > self.high_seqno:  # its last seqno was a purged tombstone (SEQNO_ADVANCED)
+                self.high_seqno = end
+                self._notify(self.vbid)
             return
         index = self._index
         expiries = self._expiries
@@ -439,7 +443,7 @@ class VBucket:
             if it.cas > max_cas:
                 max_cas = it.cas
         self._max_cas = max_cas
-        self.high_seqno = items[-1].seqno
+        self.high_seqno = end  # a whole snapshot: its end may lie past its last item
         self.checkpoints.queue_snapshot(items)
         self._notify(self.vbid)
 
@@ -449,7 +453,11 @@ class VBucket:
         if self.state is _ACTIVE:
             raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is active")
         new = [(int(u), int(s)) for u, s in entries][: self.failover_log.max_entries]
-        if new and new != self.failover_log.entries:
+        if not new or any(not 0 < u < 1 << 64 for u, _ in new):
+            raise ReplicationError(f"vb {self.vbid}: failover log {entries!r} is not valid")
+        if any(new[i][1] < new[i + 1][1] for i in range(len(new) - 1)):
+            raise ReplicationError(f"vb {self.vbid}: failover log {entries!r} is not newest first")
+        if new != self.failover_log.entries:
             self.failover_log.entries = new
             self._state_changed()
 

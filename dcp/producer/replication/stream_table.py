@@ -366,6 +366,10 @@ class StreamTable:
         if e.state not in (VBucketState.PENDING, VBucketState.ACTIVE):
             return self._bad(st, f"DCP_SET_VBUCKET_STATE to state {e.state} in a takeover")
         state = VBucketState(e.state)
+        if state == VBucketState.ACTIVE and self.target.state(st.vb) != VBucketState.PENDING:
+            # the hand-over is pending first, always: a source that skips it may still be
+            # active itself, and two active copies must never exist
+            return self._bad(st, "DCP_SET_VBUCKET_STATE active before pending")
         try:
             self.target.set_state(st.vb, state, takeover=True)
         except (ValueError, StatusError) as exc:
