@@ -74,7 +74,20 @@ class VBucketStates:
         """The assignment at start: every vbucket a replica of ``replica_of`` (the static
         topology), else the sources remembered from the last run."""
         bucket = self._server.bucket
+        if replica_of and self._is_me(replica_of):
+            log.error("ignoring --replica-of %s: that is this node itself", replica_of)
+            replica_of = ""
         if replica_of:
+            active = sum(1 for v in bucket.vbuckets if v.state is VBucketState.ACTIVE)
+            if active:
+                log.warning(
+                    "--replica-of %s: %d active vbuckets become replicas (writes they took "
+                    "that %s does not have will be rolled back); start without "
+                    "--replica-of to keep them active",
+                    replica_of,
+                    active,
+                    replica_of,
+                )
             for vb in range(bucket.num_vbuckets):
                 self._assignment[vb] = Assignment(VBucketState.REPLICA, replica_of)
             self._dirty.set()
@@ -115,12 +128,25 @@ class VBucketStates:
             raise InvalidArguments(Status.EINVAL, f"a {state.name.lower()} vbucket has no source")
         if takeover and not source:
             raise InvalidArguments(Status.EINVAL, "takeover needs a source")
+        if takeover and state != VBucketState.REPLICA:
+            raise InvalidArguments(Status.EINVAL, "a takeover starts from a replica vbucket")
+        if source is not None and self._is_me(source):
+            raise InvalidArguments(Status.EINVAL, f"source {source} is this node itself")
         if state in _FED and source is None:
             old = self._assignment.get(vb)
             source = old.source if old is not None else None
         self._assignment[vb] = Assignment(state, source, takeover)
         self._dirty.set()
         self._reconcile()
+
+    def _is_me(self, address: str) -> bool:
+        """Whether ``address`` names this node (its advertised name, or any loopback or
+        listen address with its port): a vbucket fed from itself would never be fed."""
+        host, port = parse_address(address)
+        if address == self.node_name:
+            return True
+        mine = {self._server.config.host, "127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
+        return port == self._server.port and host.strip("[]") in mine
 
     def assignment(self, vb: int) -> Assignment | None:
         return self._assignment.get(vb)
@@ -155,6 +181,9 @@ class VBucketStates:
         self._server.bucket.vbucket(vb).adopt_failover_log(entries)
 
     def apply_snapshot(self, vb: int, start: int, end: int, flags: int, items: list[Item]) -> None:
+        error = self._server.persistence.storage_error
+        if error:  # nothing can be persisted: do not pile snapshots up in memory
+            raise TemporaryFailure(Status.ETMPFAIL, f"storage cannot persist ({error})")
         self._server.bucket.vbucket(vb).apply_snapshot(start, end, flags, items)
         self._server.stream_registry.wake_dirty()  # its streams, and the flusher
 
@@ -193,7 +222,10 @@ class VBucketStates:
 
     def _save_sources(self, sources: dict[int, str]) -> None:
         tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"sources": {str(k): v for k, v in sources.items()}}))
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"sources": {str(k): v for k, v in sources.items()}}))
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self._path)
 
     async def run(self) -> None:

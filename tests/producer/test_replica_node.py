@@ -79,11 +79,20 @@ async def test_stat_replication_and_metrics_describe_the_replica(tmp_path: Path)
         (VBucketState.REPLICA, {"takeover": True}, "needs a source"),
         (VBucketState.ACTIVE, {"source": "127.0.0.1:1"}, "has no source"),
         (VBucketState.REPLICA, {"source": "127.0.0.1:1", "takeover": "yes"}, "true or false"),
+        (VBucketState.PENDING, {"source": "127.0.0.1:1", "takeover": True}, "from a replica"),
+        (VBucketState.REPLICA, {"source": "SELF"}, "this node itself"),
+        (VBucketState.REPLICA, {"source": "localhost:SELFPORT"}, "this node itself"),
     ],
 )
 async def test_bad_options_are_einval_and_change_nothing(
     server: DcpServer, state: VBucketState, options: dict, why: str
 ) -> None:
+    options = {
+        k: v.replace("SELFPORT", str(server.port)).replace("SELF", server.vbucket_states.node_name)
+        if isinstance(v, str)
+        else v
+        for k, v in options.items()
+    }
     async with client_of(server) as c:
         frame = codec.set_vbucket_state(1, state, opaque=7, options=options)
         answer = await c.call(frame, 7)
@@ -179,3 +188,14 @@ async def _rollback(states: object, out: list[int]) -> None:
 
 def _item(vb: int, seqno: int, key: bytes) -> Item:
     return Item(vb, seqno, 1, 100 + seqno, 0, 0, 0, key, b"v", ItemOp.MUTATION, 0, b"")
+
+
+async def test_a_replica_whose_storage_fails_refuses_snapshots(server: DcpServer) -> None:
+    server.vbucket_states.set(2, VBucketState.REPLICA, {})
+    server.persistence.storage_error = "disk full (test)"
+    with pytest.raises(TemporaryFailure, match="disk full"):
+        server.vbucket_states.apply_snapshot(2, 1, 1, 1, [_item(2, 1, b"a")])
+    assert server.bucket.vbucket(2).high_seqno == 0
+    server.persistence.storage_error = None
+    server.vbucket_states.apply_snapshot(2, 1, 1, 1, [_item(2, 1, b"a")])
+    assert server.bucket.vbucket(2).high_seqno == 1
