@@ -137,3 +137,51 @@ def test_every_version_superseded_but_the_last(open_bucket: Callable[..., Bucket
         chunk = scan.read_frames(100, 9, 0)  # only superseded versions up to 9
         assert chunk.count == 0 and scan.done
     assert b.storage.open_scans == 0
+
+
+def test_the_superseded_bound_covers_versions_superseded_inside_one_flush(
+    open_bucket: Callable[..., Bucket],
+) -> None:
+    """Two versions of a key in one flush batch (two checkpoints, one flush): the first
+    is superseded on disk at once, and the storage's bound must say so, or a plain scan
+    would skip its search and send the key twice."""
+    b = open_bucket(history_seconds=3600.0)
+    b.set(0, b"new", b"n1")  # 1: never superseded
+    b.vbucket(0).checkpoints.create_checkpoint()
+    b.flusher.flush_all()
+    assert b.storage.superseded_high[0] == 0
+    b.set(0, b"k", b"1")  # 2
+    b.vbucket(0).checkpoints.create_checkpoint()
+    b.set(0, b"k", b"2")  # 3
+    b.vbucket(0).checkpoints.create_checkpoint()
+    b.flusher.flush_all()
+    with b.storage.open_backfill(0, 0) as scan:
+        assert len(frames_of(scan)) == 3  # both versions are on disk
+    assert b.storage.superseded_high[0] == 2
+    with b.storage.open_backfill(0, 0, every_version=False) as scan:
+        assert frames_of(scan) == [(1, b"new", b"n1"), (3, b"k", b"2")]
+
+
+def test_the_superseded_bound_is_rebuilt_at_warm_up(open_bucket: Callable[..., Bucket]) -> None:
+    b = open_bucket(history_seconds=3600.0)
+    write(b, OPS)
+    high = b.storage.superseded_high[0]
+    assert high == 4  # superseded: a1 (1), b1 (2), a2 (3), c1 (4, by c2 at 8)
+    b.close(clean=True)
+    b2 = open_bucket(history_seconds=3600.0)
+    assert b2.storage.superseded_high[0] == high
+    with b2.storage.open_backfill(0, 0, every_version=False) as scan:
+        keys = [k for _, k, _ in frames_of(scan)]
+    assert sorted(keys) == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_scan_starting_past_every_overwrite_reads_as_is(
+    open_bucket: Callable[..., Bucket],
+) -> None:
+    """The bound lets a resume past the last overwrite skip the search; what it reads is
+    still each key once (there is nothing superseded above the bound)."""
+    b = open_bucket(history_seconds=3600.0)
+    write(b, [*OPS, (b"e", b"e1"), (b"f", b"f1")])  # 9, 10: new keys
+    assert b.storage.superseded_high[0] < 8
+    with b.storage.open_backfill(0, 8, every_version=False) as scan:
+        assert frames_of(scan) == [(9, b"e", b"e1"), (10, b"f", b"f1")]

@@ -27,8 +27,11 @@ Rules of this module:
   would. ``__init__`` finds the superseded seqnos of the range in one backward pass in
   the scan's own transaction (a key met again further back is superseded), and the reads
   skip them. That pass holds the range's distinct keys in memory until it ends and only
-  the superseded seqnos afterwards; it is skipped when the history window is off (the
-  flush deletes superseded versions then, so there are none to find).
+  the superseded seqnos afterwards. It is skipped when the history window is off (the
+  flush deletes superseded versions then) and when the storage's bound on superseded
+  seqnos (``LmdbStorage.superseded_high``, read after the transaction began) is at or
+  below the scan's start: insert-only data and resumes past the last overwrite pay
+  nothing.
 """
 
 from __future__ import annotations
@@ -148,7 +151,12 @@ class BackfillScan:
             self.history = hist_on and rec is not None and start_seqno + 1 >= rec.history_start
             self._end_key = item_key(vbucket, self.end_seqno)
             self._done = start_seqno >= self.end_seqno
-            if not self._done and storage.history_enabled and not every_version:
+            if (
+                not self._done
+                and storage.history_enabled
+                and not every_version
+                and storage.superseded_high[vbucket] > start_seqno  # read after begin
+            ):
                 skip = _superseded(
                     txn.cursor(db=storage.item_db(vbucket)), vbucket, start_seqno, self.end_seqno
                 )

@@ -14,6 +14,12 @@ Rules of this module:
   (disk_index.py: key -> newest seqno on disk per vbucket, needed to delete superseded
   versions, rebuilt at warm-up; the purge seqno / history start compaction raised). It
   changes only after a commit succeeded.
+- ``superseded_high[vb]`` bounds the seqnos of superseded versions a history window
+  may have left on disk: a flush raises it BEFORE the commit that supersedes them and
+  nothing lowers it (warm-up sets it from the records), so a reader that opened its
+  transaction after a commit sees a bound at least as high as that commit's. A backfill
+  scan for a plain client skips its search for superseded versions when the bound is
+  at or below its start (backfill.py): insert-only data pays nothing for the history.
 - Compaction's transaction is ``lmdb_compaction.compact_vbucket`` (this module's part,
   split off to keep files small); ``compact`` runs it per vbucket and applies the result
   to the ``DiskIndex``. The policy and the vbuckets' side are compaction.py's.
@@ -119,6 +125,8 @@ class LmdbStorage:
         self._open_scans = 0
         self._growing = False
         self._disk = DiskIndex(num_vbuckets)
+        #: per vbucket, >= the seqno of every superseded version on disk (module rules)
+        self.superseded_high = [0] * num_vbuckets
         env = self.env
         try:
             with env.begin(write=True) as txn:
@@ -172,10 +180,14 @@ class LmdbStorage:
         """
         dindex = self._disk.keys[vb]
         dindex.clear()
+        high = self.superseded_high
         with self.env.begin() as txn:
             for _k, v in txn.cursor(db=self._item_dbs[vb]):
                 op, dt, cas, kl, dtime, seqno, rev, flags, exp, _l, _n, _r = _rec_unpack(v)
                 key = v[_REC_HEAD : _REC_HEAD + kl]
+                old = dindex.get(key)
+                if old is not None and old > high[vb]:  # a superseded version (module rules)
+                    high[vb] = old
                 dindex[key] = seqno
                 yield seqno, key, op, rev, cas, flags, exp, dt, dtime
 
@@ -247,6 +259,8 @@ class LmdbStorage:
                             # the stored versions these items supersede (seqnos are >= 1)
                             for old in list(filter(None, map(dindex.get, newest))):
                                 txn.delete(item_key(vb, old), db=db)
+                        elif history:  # raised before the commit (module rules)
+                            self._note_superseded(vb, items, newest, dindex)
                         updates.append((dindex, newest))
                     put(VB_KEY.pack(vb), merged(vb, vf.state).encode(), db=state_db)
                 if self.before_commit is not None:
@@ -260,6 +274,17 @@ class LmdbStorage:
                 raise
             for dindex, newest in updates:
                 dindex.update(newest)
+
+    def _note_superseded(
+        self, vb: int, items: list[Item], newest: dict[bytes, int], dindex: dict[bytes, int]
+    ) -> None:
+        """Raise ``superseded_high[vb]`` to the newest version ``items`` supersede: stored
+        ones (the disk index) and, when a key repeats in the batch, its earlier ones."""
+        high = max(filter(None, map(dindex.get, newest)), default=0) if dindex else 0
+        if len(newest) != len(items):
+            high = max(high, max(it.seqno for it in items if newest[it.key] != it.seqno))
+        if high > self.superseded_high[vb]:
+            self.superseded_high[vb] = high
 
     # ------------------------------------------------------------------ reads
 
