@@ -37,11 +37,10 @@ from ...protocol.errors import (
 )
 from ...protocol.opcodes import Status, VBucketState
 from .checkpoint_manager import CheckpointManager, CheckpointMemory
-from .errors import ReplicationError
 from .failover import FailoverTable
 from .item import GetResult, Item, ItemOp, MutationResult
 from .records import VBStateRecord
-from .replica import check_snapshot
+from .replica import ReplicaVBucket
 
 if TYPE_CHECKING:
     from .config import EngineConfig
@@ -67,7 +66,7 @@ class StoreMode:
     REPLACE = 2
 
 
-class VBucket:
+class VBucket(ReplicaVBucket):
     """One vbucket. Read the public attributes; change state only through methods."""
 
     __slots__ = (
@@ -401,107 +400,6 @@ class VBucket:
     def key_meta(self, key: bytes) -> tuple | None:
         """The raw index entry (seqno, rev, cas, flags, expiry, datatype, deleted)."""
         return self._index.get(key)
-
-    # ------------------------------------------------------------------ replica
-
-    def apply_snapshot(self, start: int, end: int, flags: int, items: list[Item]) -> None:
-        """Apply a whole snapshot received from the source node (replica or pending).
-
-        Items keep the source's seqno, CAS, revision, flags, expiry and delete time; they
-        go into a checkpoint of their own (``queue_snapshot``), so this vbucket's own
-        streams and its flusher see the source's boundaries. ``flags`` is the marker's
-        (kept for the caller's logs; boundaries are what matter here).
-
-        Raises:
-            NotMyVbucket: the vbucket is active or dead.
-            ReplicationError: the snapshot is malformed (replica.py); nothing changed.
-        """
-        if self.state is not _REPLICA and self.state is not _PENDING:
-            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is {self.state.name}")
-        check_snapshot(self.vbid, self.high_seqno, start, end, items)
-        if not items:
-            if end > self.high_seqno:  # its last seqno was a purged tombstone (SEQNO_ADVANCED)
-                self.high_seqno = end
-                self._notify(self.vbid)
-            return
-        index = self._index
-        expiries = self._expiries
-        max_cas = self._max_cas
-        for it in items:
-            mutation = it.op == _MUTATION
-            index[it.key] = (
-                it.seqno,
-                it.rev_seqno,
-                it.cas,
-                it.flags,
-                it.expiry,
-                it.datatype,
-                0 if mutation else 1,
-            )
-            if mutation and it.expiry:
-                heapq.heappush(expiries, (it.expiry, it.seqno, it.key))
-            if it.cas > max_cas:
-                max_cas = it.cas
-        self._max_cas = max_cas
-        self.high_seqno = end  # a whole snapshot: its end may lie past its last item
-        self.checkpoints.queue_snapshot(items)
-        self._notify(self.vbid)
-
-    def adopt_failover_log(self, entries: list[tuple[int, int]]) -> None:
-        """Take the source's failover log (its stream accepted us): a replica's history is
-        its source's, so its own consumers get the same rollback decisions."""
-        if self.state is _ACTIVE:
-            raise NotMyVbucket(Status.NOT_MY_VBUCKET, f"vbucket {self.vbid} is active")
-        new = [(int(u), int(s)) for u, s in entries][: self.failover_log.max_entries]
-        if not new or any(not 0 < u < 1 << 64 for u, _ in new):
-            raise ReplicationError(f"vb {self.vbid}: failover log {entries!r} is not valid")
-        if any(new[i][1] < new[i + 1][1] for i in range(len(new) - 1)):
-            raise ReplicationError(f"vb {self.vbid}: failover log {entries!r} is not newest first")
-        if new != self.failover_log.entries:
-            self.failover_log.entries = new
-            self._state_changed()
-
-    def drop_newest_failover_entry(self) -> bool:
-        """Forget the newest failover entry if it starts at the high seqno and an older
-        one exists (a replica whose source does not know that branch: the entry its own
-        warm-up added after a crash). Its next stream request then names the previous
-        branch, which the source may know; True when an entry was dropped."""
-        entries = self.failover_log.entries
-        if len(entries) < 2 or entries[0][1] != self.high_seqno or self.state is _ACTIVE:
-            return False
-        del entries[0]
-        self._state_changed()
-        return True
-
-    def replication_position(self) -> tuple[int, int, int, int]:
-        """(start, snap_start, snap_end, vb_uuid) of this replica's stream request: its
-        high seqno is a whole snapshot's end, and uuid 0 at seqno 0 asks for everything."""
-        high = self.high_seqno
-        return high, high, high, self.failover_log.entries[0][0] if high else 0
-
-    def reset_to(self, seqno: int, index: dict[bytes, tuple], max_cas: int) -> None:
-        """The storage rolled this vbucket back to ``seqno`` (``LmdbStorage.rollback``):
-        memory follows. Checkpoints start afresh (streams of the old ones must be ended
-        by the caller), the key index is the one rebuilt from disk, failover entries
-        above ``seqno`` go."""
-        self._memory.used -= self.checkpoints.mem_usage
-        self.checkpoints = CheckpointManager(
-            self.vbid,
-            self._memory,
-            start_seqno=seqno + 1,
-            max_items=self._config.checkpoint_max_items,
-            max_bytes=self._config.checkpoint_max_bytes,
-        )
-        self.high_seqno = self.persisted_seqno = seqno
-        self.persisted_snap_start = self.persisted_snap_end = seqno
-        if seqno == 0:
-            self.purge_seqno = self.history_start = 0
-        self.failover_log.prune_above(seqno)
-        self._index = index
-        self._expiries = [(e[4], e[0], k) for k, e in index.items() if e[4] and not e[6]]
-        heapq.heapify(self._expiries)
-        self._max_cas = max(self._max_cas, max_cas)
-        self._state_changed()
 
     # ------------------------------------------------------------------ compaction
 
