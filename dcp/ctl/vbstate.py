@@ -139,14 +139,18 @@ async def cmd_promote(args: argparse.Namespace, out: Output) -> int:
 async def _await_state(
     remote: Remote, vb: int, want: VBucketState, timeout: float
 ) -> tuple[VBucketState, float]:
-    """Poll GET_VBUCKET until ``want`` or ``timeout``; the last state seen and seconds."""
+    """Poll GET_VBUCKET until ``want`` or ``timeout``; the last state seen and seconds
+    (a timeout before the first answer raises ``CtlError``)."""
     t0 = time.monotonic()
+    state: VBucketState | None = None
     with trio.move_on_after(timeout):
         while True:
             state = await remote.get_vbucket(vb)
             if state == want:
                 break
             await trio.sleep(POLL_INTERVAL)
+    if state is None:
+        raise CtlError(f"{remote.where} did not answer GET_VBUCKET {vb} within {timeout:g}s")
     return state, time.monotonic() - t0
 
 

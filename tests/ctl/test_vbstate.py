@@ -251,3 +251,10 @@ def test_vbuckets_of_a_server_without_the_replication_group_has_no_such_columns(
     text = ok("vbuckets", port=a.port)
     assert table_header(text)[-1] == "streams"
     assert ok_json("vbuckets", port=a.port)["vbuckets"][0]["source"] is None
+
+
+def test_move_with_a_zero_takeover_timeout_is_a_clear_error(nodes) -> None:
+    # the timeout ends before the first GET_VBUCKET answer: an error line, no traceback
+    a, b = nodes
+    line = fails("move", "3", "--to", b.address, "--takeover-timeout", "0", port=a.port)
+    assert "did not answer GET_VBUCKET 3 within 0s" in line
