@@ -1,24 +1,31 @@
-"""Throughput of the Spark connector: rows/s inside batches (Arrow record batches from read).
+"""Throughput of the Spark connector beside a parquet baseline of the same rows, same run.
 
-Starts a DCP server subprocess on a fresh data directory, loads ``--rows`` documents of
-``--value-size`` bytes, then measures on a local Spark session (``local[2]``, the test
-tuning of docs/spark.md):
+Starts a DCP server subprocess on a fresh data directory (its default settings: the
+change history is on), loads ``--rows`` documents of ``--value-size`` bytes over
+``--vbuckets`` vbuckets, then measures on a local Spark session (``local[2]``, the test
+tuning of docs/spark.md), each DCP measure beside the same measure on parquet:
 
-- ``connector alone``: the executor code without Spark (one connection, in this process):
-  stream requests, snapshot checks, Arrow conversion;
-- ``batch read``: ``spark.read.format("dcp")...load()`` then ``count(*), sum(length(value))``;
-- ``stream``: ``readStream.format("dcp")`` with ``trigger(availableNow=True)`` and a
-  ``foreachBatch`` doing the same aggregate. "inside" is Spark's ``addBatch`` duration
-  (reading every row in the executors and aggregating it), "query" the whole run.
+- ``connector alone``: the executor code without Spark (one connection, in this process);
+- ``batch read``: ``count(*), sum(length(value))`` over ``format("dcp")`` and over a
+  parquet copy of exactly those rows (written once from the DCP read, untimed);
+- ``stream``: an ``availableNow`` query whose ``foreachBatch`` runs the same aggregate,
+  over ``readStream.format("dcp")`` and over the parquet directory as a file stream
+  ("whole query": start to end; "inside": Spark's ``addBatch`` time);
+- ``maxOffsetsPerTrigger``: a running stream (``startingOffsets=latest``, default
+  trigger) while a writer adds ``--live-rows`` documents in ``--rounds`` rounds, timed
+  from the first write to the last row in the sink, with and without
+  ``maxOffsetsPerTrigger`` (``--max-offsets``). A backlog is cut only on boundaries the
+  planner saw (docs/spark.md, Planning), so the limit only bites on a live feed.
 
-With ``--replay`` a minimal stand-in server (a separate process sending pre-encoded
-memory snapshots of ``--snapshot`` items) replaces the real one, so the numbers measure
-the connector and Spark without the server's disk backfill (which costs the real server
-about a core-second per 500,000 items on the reference machine).
+The goals (issue #20): batch >= 0.6x parquet, whole streaming query >= 0.5x parquet,
+``maxOffsetsPerTrigger`` costing <= 20 % of the live stream's throughput.
 
-    .venv/bin/python -m tools.bench.spark                # 1,000,000 rows, real server
+With ``--replay`` a stand-in server (spark_replay.py: pre-encoded memory snapshots)
+replaces the real one for the DCP measures (no live measure then).
+
+    .venv/bin/python -m tools.bench.spark                # 1,000,000 rows, 1024 vbuckets
     .venv/bin/python -m tools.bench.spark --replay       # the same through the stand-in
-    .venv/bin/python -m tools.bench.spark --rows 20000   # CI smoke (well under a minute)
+    .venv/bin/python -m tools.bench.spark --tiny         # CI smoke (well under a minute)
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def start_server(data_dir: str, vbuckets: int, history: bool) -> tuple[subprocess.Popen, int]:
+    """The server with its defaults (history on), or with ``history`` False, none."""
     cmd = [
         sys.executable,
         "-m",
@@ -56,8 +64,8 @@ def start_server(data_dir: str, vbuckets: int, history: bool) -> tuple[subproces
         "--log-level",
         "INFO",
     ]
-    if history:
-        cmd += ["--history-seconds", "3600"]
+    if not history:
+        cmd += ["--history-seconds", "0", "--history-bytes", "0"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
@@ -72,109 +80,6 @@ def start_server(data_dir: str, vbuckets: int, history: bool) -> tuple[subproces
     return proc, port
 
 
-def serve_replay(rows: int, vbuckets: int, value_size: int, snapshot: int) -> None:
-    """The ``--replay`` stand-in server (run in its own process): answers the handshake,
-    GET_ALL_VB_SEQNOS and failover-log requests, and streams each requested vbucket from
-    seqno 0 as pre-encoded memory snapshots (only the opaque is patched per request)."""
-    import socket
-
-    from dcp.protocol import Frame, Opcode, ServerSession, codec
-    from dcp.protocol.layout import U32
-
-    per = {vb: rows // vbuckets + (1 if vb < rows % vbuckets else 0) for vb in range(vbuckets)}
-    value = b"x" * value_size
-    encoded: dict[int, tuple[bytes, list[int]]] = {}
-    for vb in range(vbuckets):
-        parts, offs, pos = [], [], 0
-        for start in range(1, per[vb] + 1, snapshot):
-            end = min(per[vb], start + snapshot - 1)
-            for f in [codec.snapshot_marker(vb, 0, start, end, 0x05)] + [
-                codec.mutation(
-                    vb,
-                    0,
-                    i,
-                    1,
-                    b"doc%09d" % (i * vbuckets + vb),
-                    value,
-                    cas=1_700_000_000_000_000_000 + i,
-                    flags=7,
-                )
-                for i in range(start, end + 1)
-            ]:
-                parts.append(f)
-                offs.append(pos)
-                pos += len(f)
-        encoded[vb] = (b"".join(parts), offs)
-    log = codec.failover_log_value([(0x1234, 0)])
-    pack_into = U32.pack_into
-
-    def handle(conn: socket.socket) -> None:
-        session = ServerSession()  # frames requests; the client's answers are absorbed
-        opaques: dict[int, int] = {}
-        with conn:
-            while True:
-                try:
-                    data = conn.recv(1 << 16)
-                except OSError:
-                    return
-                if not data:
-                    return
-                for f in session.receive_data(data):
-                    if not isinstance(f, Frame):
-                        continue  # a refused DCP message: the replay does not care
-                    op, o = f.opcode, f.opaque
-                    if op == Opcode.GET_ALL_VB_SEQNOS:
-                        out = codec.response(
-                            op, opaque=o, value=codec.all_vb_seqnos_value(sorted(per.items()))
-                        )
-                    elif op in (Opcode.DCP_GET_FAILOVER_LOG,):
-                        out = codec.response(op, opaque=o, value=log)
-                    elif op == Opcode.DCP_CLOSE_STREAM:
-                        out = codec.response(op, opaque=o) + codec.stream_end(
-                            f.vbucket, opaques.get(f.vbucket, 0), 1
-                        )
-                    elif op == Opcode.DCP_STREAM_REQ:
-                        opaques[f.vbucket] = o
-                        raw, offs = encoded[f.vbucket]
-                        buf = bytearray(raw)
-                        for off in offs:
-                            pack_into(buf, off + 12, o)
-                        out = codec.response(op, opaque=o, value=log) + bytes(buf)
-                    elif f.magic == 0x80 and op != Opcode.DCP_BUFFER_ACK:
-                        out = codec.response(op, opaque=o)
-                    else:
-                        continue
-                    try:
-                        conn.sendall(out)
-                    except OSError:
-                        return
-
-    srv = socket.create_server(("127.0.0.1", 0))
-    print(f"listening host=127.0.0.1 port={srv.getsockname()[1]}", file=sys.stderr, flush=True)
-    while True:
-        conn, _ = srv.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-
-def start_replay(
-    rows: int, vbuckets: int, value_size: int, snapshot: int
-) -> tuple[subprocess.Popen, int]:
-    code = (
-        "from tools.bench.spark import serve_replay; "
-        f"serve_replay({rows}, {vbuckets}, {value_size}, {snapshot})"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, cwd=ROOT
-    )  # ``-c`` puts the cwd first: ``tools`` imports from there
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    m = re.search(r"port=(\d+)", line)
-    if not m:
-        raise SystemExit(f"stand-in server did not start: {line}{proc.stderr.read()}")
-    return proc, int(m.group(1))
-
-
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (Linux /proc), 0.0 where unavailable."""
     try:
@@ -185,14 +90,18 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def load(port: int, rows: int, value_size: int, vbuckets: int) -> float:
+def load(
+    port: int, rows: int, value_size: int, vbuckets: int, *, first: int = 0, step: int = 20_000
+) -> float:
+    """Write documents ``doc{first}`` .. ``doc{first + rows - 1}``, ``step`` at a time."""
     from dcp.consumer import BlockingKvClient
 
     value = b"x" * value_size
     t = time.perf_counter()
     with BlockingKvClient("127.0.0.1", port, num_vbuckets=vbuckets) as kv:
-        for start in range(0, rows, 20_000):
-            kv.set_many({f"doc{i:09d}": value for i in range(start, min(rows, start + 20_000))})
+        for start in range(first, first + rows, step):
+            stop = min(first + rows, start + step)
+            kv.set_many({f"doc{i:09d}": value for i in range(start, stop)})
     return time.perf_counter() - t
 
 
@@ -230,18 +139,21 @@ def session(cores: int) -> Any:
     return s
 
 
-def batch_read(spark: Any, port: int, partitions: int) -> tuple[int, int, float]:
-    df = spark.read.format("dcp").option("port", port).option("numPartitions", partitions).load()
+AGG = ("count(*)", "sum(length(value))")
+
+
+def batch_read(df: Any) -> tuple[int, int, float]:
     t = time.perf_counter()
-    n, nbytes = df.selectExpr("count(*)", "sum(length(value))").collect()[0]
+    n, nbytes = df.selectExpr(*AGG).collect()[0]
     return n, nbytes or 0, time.perf_counter() - t
 
 
-def stream_read(spark: Any, port: int, partitions: int) -> dict[str, Any]:
+def stream_read(reader: Any, opts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``reader`` (a ``DataStreamReader``) drained by an ``availableNow`` query."""
     out: dict[str, Any] = {"rows": 0, "bytes": 0}
 
     def sink(df: Any, batch_id: int) -> None:
-        n, nbytes = df.selectExpr("count(*)", "sum(length(value))").collect()[0]
+        n, nbytes = df.selectExpr(*AGG).collect()[0]
         out["rows"] += n
         out["bytes"] += nbytes or 0
 
@@ -249,10 +161,7 @@ def stream_read(spark: Any, port: int, partitions: int) -> dict[str, Any]:
     try:
         t = time.perf_counter()
         q = (
-            spark.readStream.format("dcp")
-            .option("port", port)
-            .option("numPartitions", partitions)
-            .load()
+            reader.load()
             .writeStream.foreachBatch(sink)
             .option("checkpointLocation", ck)
             .trigger(availableNow=True)
@@ -263,122 +172,216 @@ def stream_read(spark: Any, port: int, partitions: int) -> dict[str, Any]:
         progress = [p for p in q.recentProgress if p["numInputRows"]]
         out["batches"] = len(progress)
         out["inside_s"] = sum(p["durationMs"].get("addBatch", 0) for p in progress) / 1000
-        out["trigger_s"] = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
     finally:
         shutil.rmtree(ck, ignore_errors=True)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def live_stream(spark: Any, port: int, args: Any, first: int, max_offsets: int) -> dict[str, Any]:
+    """A running query (from the latest offsets) while ``args.live_rows`` documents are
+    written in ``args.rounds`` rounds: seconds from the first write to the last row."""
+    seen = {"rows": 0, "batches": 0}
+    done = threading.Event()
+
+    def sink(df: Any, batch_id: int) -> None:
+        n = df.count()
+        seen["rows"] += n
+        seen["batches"] += 1 if n else 0
+        if seen["rows"] >= args.live_rows:
+            done.set()
+
+    reader = spark.readStream.format("dcp").option("port", port).option("startingOffsets", "latest")
+    reader = reader.option("numPartitions", args.partitions)
+    if max_offsets:
+        reader = reader.option("maxOffsetsPerTrigger", max_offsets)
+    ck = tempfile.mkdtemp(prefix="bench-spark-live-")
+    reader = reader.option("startingOffsetsFile", ck + "/starting-offsets.json")
+    q = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", ck).start()
+    try:
+        while not q.recentProgress:  # the first (empty) batch logged the start offsets
+            time.sleep(0.05)
+        step = max(1, args.live_rows // args.rounds)
+        t = time.perf_counter()
+        write_s = load(port, args.live_rows, args.value_size, args.vbuckets, first=first, step=step)
+        if not done.wait(args.timeout):
+            raise SystemExit(f"live stream: {seen['rows']} of {args.live_rows} rows arrived")
+        total = time.perf_counter() - t
+    finally:
+        q.stop()
+        shutil.rmtree(ck, ignore_errors=True)
+    return {"s": total, "write_s": write_s, "batches": seen["batches"], "rows": seen["rows"]}
+
+
+GOALS = {"batch": 0.6, "stream": 0.5, "max_offsets_cost": 0.20}
+
+
+def parse_args(argv: list[str] | None) -> Any:
     ap = argparse.ArgumentParser(
         prog="python -m tools.bench.spark", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
-    ap.add_argument("--vbuckets", type=int, default=64)
-    ap.add_argument("--partitions", type=int, default=2, help="Spark tasks per read")
+    ap.add_argument("--vbuckets", type=int, default=1024)
+    ap.add_argument("--partitions", type=int, default=2, help="Spark tasks per DCP read")
     ap.add_argument("--cores", type=int, default=2, help="local[N]")
-    ap.add_argument("--history", action="store_true", help="server keeps a history window")
-    ap.add_argument(
-        "--replay",
-        action="store_true",
-        help="read from a stand-in server replaying pre-encoded snapshots",
-    )
-    ap.add_argument(
-        "--snapshot",
-        type=int,
-        default=10_000,
-        help="--replay: items per snapshot (the real server's checkpoint size)",
-    )
+    ap.add_argument("--no-history", action="store_true", help="server without a history window")
+    ap.add_argument("--live-rows", type=int, help="maxOffsetsPerTrigger run: rows (rows/4)")
+    ap.add_argument("--rounds", type=int, default=20, help="live writer rounds")
+    ap.add_argument("--max-offsets", type=int, help="maxOffsetsPerTrigger (live rows / 10)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds for the live run")
+    ap.add_argument("--replay", action="store_true", help="DCP reads from the stand-in server")
+    ap.add_argument("--snapshot", type=int, default=10_000, help="--replay: items/snapshot")
+    ap.add_argument("--tiny", action="store_true", help="CI smoke: 4,000 rows, 64 vbuckets")
     ap.add_argument("--json", action="store_true", help="print one JSON line instead")
     args = ap.parse_args(argv)
+    if args.tiny:
+        args.rows, args.vbuckets, args.rounds = 4000, 64, 4
+    args.live_rows = args.live_rows or max(1, args.rows // 4)
+    args.max_offsets = args.max_offsets or max(1, args.live_rows // 10)
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    from tools.bench.spark_replay import start_replay
+
+    args = parse_args(argv)
     data = tempfile.mkdtemp(prefix="bench-spark-data-")
+    pq = tempfile.mkdtemp(prefix="bench-spark-parquet-")
+    t = time.perf_counter()
     if args.replay:
-        t = time.perf_counter()
         proc, port = start_replay(args.rows, args.vbuckets, args.value_size, args.snapshot)
-        load_s = time.perf_counter() - t
     else:
-        proc, port = start_server(data, args.vbuckets, args.history)
+        proc, port = start_server(data, args.vbuckets, not args.no_history)
+        load(port, args.rows, args.value_size, args.vbuckets)
+    res: dict[str, Any] = {"load_s": round(time.perf_counter() - t, 2)}
     try:
-        if not args.replay:
-            load_s = load(port, args.rows, args.value_size, args.vbuckets)
-        c0 = cpu_seconds(proc.pid)
         alone_n, alone_s = connector_alone(port)
-        alone_cpu = cpu_seconds(proc.pid) - c0
         t = time.perf_counter()
         spark = session(args.cores)
-        session_s = time.perf_counter() - t
+        res["session_s"] = round(time.perf_counter() - t, 2)
+
+        def dcp(stream: bool = False) -> Any:
+            r = spark.readStream if stream else spark.read
+            return r.format("dcp").option("port", port).option("numPartitions", args.partitions)
+
         t = time.perf_counter()
-        (
-            spark.read.format("dcp").option("port", port).option("vbuckets", "0").load().count()
-        )  # warm-up: the first query of a session pays worker start-up
-        warm_s = time.perf_counter() - t
+        dcp().load().write.parquet(pq + "/rows")  # also the first query (worker start-up)
+        res["first_query_and_parquet_copy_s"] = round(time.perf_counter() - t, 2)
         c0 = cpu_seconds(proc.pid)
-        b_rows, b_bytes, b_s = batch_read(spark, port, args.partitions)
-        b_cpu = cpu_seconds(proc.pid) - c0
-        st = stream_read(spark, port, args.partitions)
-        st_cpu = cpu_seconds(proc.pid) - c0 - b_cpu
+        ours_b = batch_read(dcp().load())
+        res["server_cpu_batch_s"] = round(cpu_seconds(proc.pid) - c0, 2)
+        pq_b = batch_read(spark.read.parquet(pq + "/rows"))
+        ours_s = stream_read(dcp(stream=True))
+        schema = spark.read.parquet(pq + "/rows").schema
+        pq_s = stream_read(
+            spark.readStream.schema(schema).format("parquet").option("path", pq + "/rows")
+        )
+        live: dict[str, Any] = {}
+        if not args.replay:
+            live["unlimited"] = live_stream(spark, port, args, args.rows, 0)
+            first = args.rows + args.live_rows
+            live["limited"] = live_stream(spark, port, args, first, args.max_offsets)
         spark.stop()
     finally:
         proc.terminate()
         proc.wait(30)
         shutil.rmtree(data, ignore_errors=True)
-    assert alone_n == b_rows == st["rows"] == args.rows, (alone_n, b_rows, st["rows"])
-    assert b_bytes == st["bytes"] == args.rows * args.value_size, (b_bytes, st["bytes"])
-    res = {
-        "rows": args.rows,
-        "value_size": args.value_size,
-        "vbuckets": args.vbuckets,
-        "partitions": args.partitions,
-        "history": args.history,
-        "replay": args.replay,
-        "python": sys.version.split()[0],
-        "load_s": round(load_s, 2),
-        "session_s": round(session_s, 2),
-        "warmup_s": round(warm_s, 2),
-        "alone_rows_per_s": round(alone_n / alone_s),
-        "batch_read_s": round(b_s, 3),
-        "batch_rows_per_s": round(b_rows / b_s),
-        "stream_batches": st["batches"],
-        "stream_inside_s": round(st["inside_s"], 3),
-        "stream_inside_rows_per_s": round(st["rows"] / max(st["inside_s"], 1e-9)),
-        "stream_query_s": round(st["query_s"], 3),
-        "stream_query_rows_per_s": round(st["rows"] / st["query_s"]),
-        "server_cpu_s": {
-            "alone": round(alone_cpu, 2),
-            "batch": round(b_cpu, 2),
-            "stream": round(st_cpu, 2),
-        },
-    }
+        shutil.rmtree(pq, ignore_errors=True)
+    want = (args.rows, args.rows * args.value_size)
+    for got in (
+        ours_b[:2],
+        pq_b[:2],
+        (ours_s["rows"], ours_s["bytes"]),
+        (pq_s["rows"], pq_s["bytes"]),
+    ):
+        assert got == want, (got, want)
+    assert alone_n == args.rows, alone_n
+    res.update(report(args, alone_n / alone_s, ours_b, pq_b, ours_s, pq_s, live))
     if args.json:
         print(json.dumps(res))
-        return 0
-    print(
-        f"rows={args.rows:,} value={args.value_size} B vbuckets={args.vbuckets} "
-        f"partitions={args.partitions} local[{args.cores}] "
-        f"server={'stand-in (--replay)' if args.replay else 'dcp-server'} "
-        f"history={args.history} Python {res['python']}"
-    )
-    print(f"load {load_s:.1f} s, Spark session {session_s:.1f} s, first query {warm_s:.1f} s")
-    print(f"{'measure':<35}{'seconds':>9}{'rows/s':>12}{'server CPU s':>14}")
-    print(
-        f"{'connector alone (1 connection)':<35}{alone_s:>9.3f}{res['alone_rows_per_s']:>12,}"
-        f"{alone_cpu:>14.2f}"
-    )
-    print(
-        f"{'batch read: count + sum(length)':<35}{b_s:>9.3f}{res['batch_rows_per_s']:>12,}"
-        f"{b_cpu:>14.2f}"
-    )
-    print(
-        f"{'stream: inside batches (addBatch)':<35}{st['inside_s']:>9.3f}"
-        f"{res['stream_inside_rows_per_s']:>12,}{st_cpu:>14.2f}"
-    )
-    print(
-        f"{'stream: whole availableNow query':<35}{st['query_s']:>9.3f}"
-        f"{res['stream_query_rows_per_s']:>12,}"
-    )
     return 0
+
+
+def report(
+    args: Any, alone: float, ours_b: tuple, pq_b: tuple, ours_s: dict, pq_s: dict, live: dict
+) -> dict[str, Any]:
+    """The results as a dict, printed as a table unless ``--json``."""
+    n = args.rows
+    rows = [  # (key, name, ours rows/s, parquet rows/s, goal)
+        ("batch", "batch read", n / ours_b[2], n / pq_b[2], GOALS["batch"]),
+        (
+            "stream_query",
+            "stream: whole availableNow query",
+            n / ours_s["query_s"],
+            n / pq_s["query_s"],
+            GOALS["stream"],
+        ),
+        (
+            "stream_inside",
+            "stream: inside batches (addBatch)",
+            n / max(ours_s["inside_s"], 1e-9),
+            n / max(pq_s["inside_s"], 1e-9),
+            None,
+        ),
+    ]
+    out: dict[str, Any] = {
+        "rows": n,
+        "vbuckets": args.vbuckets,
+        "partitions": args.partitions,
+        "cores": args.cores,
+        "replay": args.replay,
+        "history": not args.no_history,
+        "python": sys.version.split()[0],
+        "connector_alone_rows_per_s": round(alone),
+        "stream_batches": ours_s["batches"],
+    }
+    for key, _name, ours, base, goal in rows:
+        out[key] = {
+            "ours_rows_per_s": round(ours),
+            "parquet_rows_per_s": round(base),
+            "ratio": round(ours / base, 3),
+            "goal": goal,
+        }
+    if live:
+        u, lim = live["unlimited"], live["limited"]
+        cost = 1 - (args.live_rows / lim["s"]) / (args.live_rows / u["s"])
+        out["max_offsets"] = {
+            "live_rows": args.live_rows,
+            "rounds": args.rounds,
+            "maxOffsetsPerTrigger": args.max_offsets,
+            "unlimited_s": round(u["s"], 3),
+            "limited_s": round(lim["s"], 3),
+            "writer_s": [round(u["write_s"], 3), round(lim["write_s"], 3)],
+            "batches": [u["batches"], lim["batches"]],
+            "cost": round(cost, 3),
+            "goal": GOALS["max_offsets_cost"],
+        }
+    if args.json:
+        return out
+    print(
+        f"rows={n:,} value={args.value_size} B vbuckets={args.vbuckets} "
+        f"partitions={args.partitions} "
+        f"local[{args.cores}] server={'stand-in (--replay)' if args.replay else 'dcp-server'} "
+        f"history={not args.no_history} Python {out['python']}"
+    )
+    print(f"connector alone (1 connection, no Spark): {alone:,.0f} rows/s")
+    print(f"{'measure':<36}{'ours rows/s':>13}{'parquet rows/s':>16}{'ratio':>8}{'goal':>8}  met")
+    for _key, name, ours, base, goal in rows:
+        ratio = ours / base
+        met = "-" if goal is None else ("yes" if ratio >= goal else "NO")
+        g = "-" if goal is None else f">={goal:.1f}x"
+        print(f"{name:<36}{ours:>13,.0f}{base:>16,.0f}{ratio:>7.2f}x{g:>8}  {met}")
+    if live:
+        m = out["max_offsets"]
+        print(
+            f"live stream, {args.live_rows:,} rows in {args.rounds} rounds: unlimited "
+            f"{m['unlimited_s']:.2f} s ({m['batches'][0]} batches), maxOffsetsPerTrigger="
+            f"{args.max_offsets:,} {m['limited_s']:.2f} s ({m['batches'][1]} batches); writer "
+            f"alone took {m['writer_s'][0]:.2f} / {m['writer_s'][1]:.2f} s"
+        )
+        met = "yes" if m["cost"] <= GOALS["max_offsets_cost"] else "NO"
+        print(f"maxOffsetsPerTrigger cost {m['cost']:.0%} (goal <= 20%)  {met}")
+    return out
 
 
 if __name__ == "__main__":
