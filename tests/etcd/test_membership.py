@@ -119,3 +119,15 @@ async def test_a_lapsed_node_frees_its_name(
             await trio.sleep(0.2)
     rec = await node(store, cluster_name, "n1", tmp_path / "b").join()
     assert rec.uuid != m.record.uuid  # type: ignore[union-attr]
+
+
+async def test_malformed_records_in_etcd_are_refused_not_crashed_on(
+    store: EtcdStore, cluster_name: str, tmp_path: Path
+) -> None:
+    await store.put(f"/dcp/{cluster_name}/meta", b"{not json")
+    with pytest.raises(JoinRefused, match=f"/dcp/{cluster_name}/meta in etcd is malformed"):
+        await node(store, cluster_name, "n1", tmp_path / "a").join()
+    await store.put(f"/dcp/{cluster_name}/meta", b'{"cluster_id": "x", "num_vbuckets": 16}')
+    await store.put(f"/dcp/{cluster_name}/nodes/n1", b'{"name": "n1"}')
+    with pytest.raises(JoinRefused, match=f"/dcp/{cluster_name}/nodes/n1 in etcd is malformed"):
+        await node(store, cluster_name, "n1", tmp_path / "b").join()

@@ -256,12 +256,16 @@ class Membership:
         for _ in range(3):
             got = await self.store.get(key)
             if got is None:
-                doc = {"cluster_id": uuid.uuid4().hex, "num_vbuckets": self.num_vbuckets}
+                cluster_id = uuid.uuid4().hex
+                doc = {"cluster_id": cluster_id, "num_vbuckets": self.num_vbuckets}
                 if await self.store.compare_and_put(key, json.dumps(doc).encode(), mod_revision=0):
-                    return doc["cluster_id"], self.num_vbuckets
+                    return cluster_id, self.num_vbuckets
                 continue  # another node created it first: read theirs
-            doc = json.loads(got.value)
-            return str(doc["cluster_id"]), int(doc["num_vbuckets"])
+            try:
+                meta = json.loads(got.value)
+                return str(meta["cluster_id"]), int(meta["num_vbuckets"])
+            except (ValueError, TypeError, KeyError) as exc:
+                raise JoinRefused(f"{key} in etcd is malformed ({exc!r})") from exc
         raise StoreUnavailable(f"{key} keeps changing")
 
     async def _register(self) -> None:
@@ -275,7 +279,10 @@ class Membership:
             for _ in range(3):
                 held = await self.store.get(key)
                 if held is not None:
-                    other = NodeRecord.from_json(held.value)
+                    try:
+                        other = NodeRecord.from_json(held.value)
+                    except (ValueError, TypeError, KeyError) as exc:
+                        raise JoinRefused(f"{key} in etcd is malformed ({exc!r})") from exc
                     if other.uuid != self.record.uuid:
                         raise JoinRefused(
                             f"node name {self.node_name!r} is held by a live node at "
