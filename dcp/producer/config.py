@@ -36,9 +36,13 @@ class ServerConfig:
     #: sooner): a range planned a moment ago (Spark) is still read from memory, exactly.
     checkpoint_retain_seconds: float = 10.0
     max_item_size: int = 20 * 1024 * 1024
-    #: Keep superseded versions this long on disk so backfills can replay every change.
-    history_seconds: float = 0.0
-    history_bytes: int = 0
+    #: A bounded change history, on by default (a retention, like a log's: an hour, at
+    #: most 1 GiB, pruned by compaction): superseded versions stay on disk so a range a
+    #: consumer planned earlier (a Spark batch's logged offsets) can still be read exactly
+    #: after the memory checkpoints are gone or the server restarted. Clients that do not
+    #: ask for change streams still get each key once. Both 0: off (docs/operations.md).
+    history_seconds: float = 3600.0
+    history_bytes: int = 1024 * 1024 * 1024
     tombstone_purge_age: float = 3 * 24 * 3600.0
     #: LMDB map size: the most the store may hold; full -> writes get ETMPFAIL.
     map_size: int = 8 * 1024 * 1024 * 1024

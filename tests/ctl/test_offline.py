@@ -11,9 +11,11 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
+import pytest
 
 from dcp.producer.engine.records import (
     CRC_SIZE,
@@ -37,6 +39,19 @@ from .support import (
     wait_persisted,
     write,
 )
+
+#: The counts these tests check describe a store without a change history (the server's
+#: default keeps one): there, a rewritten or deleted key's older version leaves the disk.
+NO_HISTORY = ("--history-seconds", "0", "--history-bytes", "0")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path / "data", *NO_HISTORY).start()
+    try:
+        yield srv
+    finally:
+        srv.kill()
 
 
 def _populate(srv: ServerProcess) -> dict[str, list[bytes]]:
@@ -177,7 +192,7 @@ def _damage(data: Path) -> None:
 
 
 def test_check_reports_what_is_wrong_and_exits_1(tmp_path: Path) -> None:
-    srv = ServerProcess(tmp_path / "data").start()
+    srv = ServerProcess(tmp_path / "data", *NO_HISTORY).start()
     _populate(srv)
     srv.stop()  # clean stop: flushed, marker written
     clean = ok_json("inspect", srv.data_dir, "check")
