@@ -6,7 +6,7 @@ import trio
 
 from dcp.protocol import Opcode, Status, codec
 
-from .conftest import client_of
+from .conftest import client_of, running_server
 from .wire import items_of, keys_for_vb
 
 
@@ -43,8 +43,17 @@ async def test_unknown_control_key_is_einval(client) -> None:
     assert (await client.control("no_such_key", "1")).status == Status.EINVAL
     assert (await client.control("enable_noop", "maybe")).status == Status.EINVAL
     assert (await client.control("connection_buffer_size", "-5")).status == Status.EINVAL
-    assert (await client.control("change_streams", "true")).status == Status.NOT_SUPPORTED
+    assert (await client.control("change_streams", "false")).status == Status.EINVAL
+    assert (await client.control("change_streams", "true")).status == Status.SUCCESS  # default
     assert (await client.control("enable_noop", "true")).status == Status.SUCCESS
+
+
+async def test_change_streams_are_not_supported_without_a_history(tmp_path) -> None:
+    async with running_server(tmp_path / "d", history_seconds=0, history_bytes=0) as server:
+        async with client_of(server) as c:
+            await c.dcp_open("t-no-history")
+            assert (await c.control("change_streams", "true")).status == Status.NOT_SUPPORTED
+            assert (await c.control("enable_noop", "true")).status == Status.SUCCESS
 
 
 async def test_oversize_and_garbage_frames_close_only_that_connection(server) -> None:
