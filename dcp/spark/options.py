@@ -283,7 +283,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         kw["min_rows_per_batch"] = _int(given["minrowsperbatch"], opts["minrowsperbatch"], 1)
     if "maxtriggerdelay" in opts:
         kw["max_trigger_delay"] = _duration("maxTriggerDelay", opts["maxtriggerdelay"])
-    if kw.get("min_rows_per_batch", 0) > (kw.get("max_rows_per_batch") or math.inf):
+    lo, hi = kw.get("min_rows_per_batch", 0), kw.get("max_rows_per_batch")
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
         raise OptionError(
             f"option {given['minrowsperbatch']}={kw['min_rows_per_batch']} is above "
             f"{given['maxrowsperbatch']}={kw['max_rows_per_batch']}: no batch could satisfy both"

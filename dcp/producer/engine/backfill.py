@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 
@@ -334,7 +334,8 @@ def _superseded(cur: lmdb.Cursor, vb: int, start_seqno: int, end_seqno: int) -> 
     add, note = seen.add, skip.append
     crc, residue, shortest, head = crc32c, CRC_RESIDUE, _SHORTEST, _KEY_LEN
     key_at = RECORD_HEAD
-    for k, raw in cur.iterprev():
+    records: Any = cur.iterprev()  # (bytes, bytes): the scan's transaction has buffers=False
+    for k, raw in records:
         if k < first_key:
             break
         if len(raw) < shortest or crc(raw) != residue:
