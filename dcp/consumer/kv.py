@@ -203,27 +203,39 @@ class KvClient:
             conn = KvConnection(stream)
             assert self._nursery is not None
             self._nursery.start_soon(conn.read_loop)
-            (f,) = await conn.roundtrip(
-                [
-                    Op(
-                        Opcode.HELLO,
-                        b"",
-                        0,
-                        codec.hello(self._agent, [int(x) for x in KV_FEATURES]),
-                        True,
-                    )
-                ]
-            )
-            if f is None:
-                raise conn.error or ConnectionLostError("HELLO got no answer")
-            if isinstance(f, tuple):  # success with an empty value: no features
-                conn.features = set()
-            elif f.status == Status.SUCCESS:
-                conn.features = set(codec.parse_hello_features(bytes(f.value)))
-            if self._credentials is not None:
-                await conn.authenticate(self._credentials)
+            try:
+                await self._handshake(conn)
+            except BaseException as exc:
+                # a refused (re)login or a lost handshake: this connection and its reader
+                # end here, or every failed attempt would leave both behind
+                conn.fail(exc if isinstance(exc, Exception) else ConnectionLostError("cancelled"))
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(conn.stream)
+                raise
             self._conn = conn
             return conn
+
+    async def _handshake(self, conn: KvConnection) -> None:
+        """HELLO, then SASL when the client has credentials."""
+        (f,) = await conn.roundtrip(
+            [
+                Op(
+                    Opcode.HELLO,
+                    b"",
+                    0,
+                    codec.hello(self._agent, [int(x) for x in KV_FEATURES]),
+                    True,
+                )
+            ]
+        )
+        if f is None:
+            raise conn.error or ConnectionLostError("HELLO got no answer")
+        if isinstance(f, tuple):  # success with an empty value: no features
+            conn.features = set()
+        elif f.status == Status.SUCCESS:
+            conn.features = set(codec.parse_hello_features(bytes(f.value)))
+        if self._credentials is not None:
+            await conn.authenticate(self._credentials)
 
     # ------------------------------------------------------------------ execution
 

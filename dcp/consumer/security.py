@@ -11,15 +11,18 @@ Rules of this module:
   a certificate trusted) rather than as a lost connection later. A connection reset
   during the handshake stays a transient error.
 - ``authenticate`` drives ``dcp.protocol.sasl.SaslClient`` over any "send this request,
-  give me the answer" function, so the SDK's two connections, dcpctl and the replication
-  link share it. SCRAM-SHA512 unless another mechanism is asked for; PLAIN only when
-  asked. AUTH_ERROR raises ``AuthenticationError`` naming the user and the mechanism;
+  give me the answer" function, so the SDK's two connections and dcpctl share it (its
+  SCRAM key derivation runs in a worker thread: the event loop goes on meanwhile).
+  SCRAM-SHA512 unless another mechanism is asked for; PLAIN only when asked, and only
+  over TLS or to a loopback host (``check_plain``: PLAIN sends the password itself).
+  AUTH_ERROR raises ``AuthenticationError`` naming the user and the mechanism;
   nobody retries it (the same password would fail again, and each failure counts
   against the connection on the server).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import ssl
@@ -42,6 +45,7 @@ __all__ = [
     "Security",
     "TlsError",
     "authenticate",
+    "check_plain",
     "client_tls_context",
     "closed_message",
     "mechanism_name",
@@ -150,6 +154,27 @@ def client_tls_context(
     return ctx
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` is this machine: "localhost", 127.0.0.0/8 or ::1."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_plain(host: str, credentials: Credentials | None, tls: object) -> None:
+    """``UsageError`` when PLAIN would send the password in clear to another machine."""
+    if credentials is None or credentials.mechanism != "PLAIN" or tls is not None:
+        return
+    if not is_loopback_host(host):
+        raise UsageError(
+            f"refusing to send a PLAIN password in clear to {host}: use TLS (tls=, "
+            "--tls) or a SCRAM mechanism"
+        )
+
+
 def resolve(
     host: str,
     *,
@@ -185,6 +210,7 @@ def resolve(
             ctx = client_tls_context(ca, cert, env.get("DCP_TLS_KEY") or None)
     elif tls_ca or tls_cert:
         raise UsageError("tls=False together with tls_ca=/tls_cert=")
+    check_plain(host, creds, ctx)
     return Security(creds, ctx, host)
 
 
@@ -199,8 +225,8 @@ async def authenticate(ask: Ask, creds: Credentials) -> None:
     first = client.start()
     status, value = await ask(lambda o: codec.sasl_auth(mech, first, opaque=o))
     if status == Status.AUTH_CONTINUE:
-        try:
-            final = client.step(value)
+        try:  # PBKDF2 at the server's iterations (up to a second): not on the event loop
+            final = await trio.to_thread.run_sync(client.step, value)
         except AuthenticationError as exc:
             raise AuthenticationError(message=f"authentication as {who} failed: {exc}") from exc
         status, value = await ask(lambda o: codec.sasl_step(mech, final, opaque=o))

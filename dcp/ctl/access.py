@@ -6,6 +6,8 @@ Rules of this module:
   a one-line error, never a hang), ``--mechanism`` (SCRAM-SHA512 unless told), ``--tls``,
   ``--tls-ca`` (env DCP_TLS_CA; implies ``--tls``), ``--tls-cert``/``--tls-key`` (env
   DCP_TLS_CERT/DCP_TLS_KEY: a client certificate for mutual TLS).
+- PLAIN goes in clear only to a loopback host: without TLS it is refused with a one-line
+  error (here for ``--host``, and by ``Remote`` for each other node it connects to).
 - ``resolve`` runs once, before trio starts (the prompt must not block the event loop),
   and leaves a ``dcp.consumer.security.Security`` in ``args.security``: every connection
   the command opens (``Remote``, ``KvClient``, ``DcpClient``) uses that one.
@@ -100,6 +102,7 @@ def resolve(args: argparse.Namespace) -> Security:
         DEFAULT_MECHANISM,
         Credentials,
         Security,
+        check_plain,
         client_tls_context,
         mechanism_name,
     )
@@ -113,9 +116,12 @@ def resolve(args: argparse.Namespace) -> Security:
             )
         elif args.password is not None or args.mechanism:
             raise CtlError("--password/--mechanism need --user (or DCP_USERNAME)", code=2)
+        if args.tls_key and not args.tls_cert:
+            raise CtlError("--tls-key needs --tls-cert (or DCP_TLS_CERT)", code=2)
         ctx = None
         if args.tls or args.tls_ca or args.tls_cert:
             ctx = client_tls_context(args.tls_ca, args.tls_cert, args.tls_key)
+        check_plain(args.host, creds, ctx)
     except UsageError as exc:
         raise CtlError(str(exc), code=2) from None
     args.security = Security(creds, ctx, args.host)

@@ -9,7 +9,10 @@ Rules of this module:
   responses ending with an empty key (the session keeps matching until then).
 - With ``security`` (``access.resolve``) the connection is TLS and/or authenticated
   (``dcp.consumer.security``: the SDK's TLS connect and SASL exchange) before any
-  request; a refused login or an untrusted certificate is a ``CtlError`` at once.
+  request; a refused login or an untrusted certificate is a ``CtlError`` at once. Each
+  node's certificate is checked against that node's own host name (a command reaching
+  several nodes does not check them all against ``--host``), and PLAIN in clear to a
+  non-loopback node is refused.
 - Every failure is a ``CtlError`` with one line: unreachable server, timeout, connection
   closed, or the status the server answered with its error context. The exceptions are
   requests whose per-vbucket status the caller reports itself (``set_vbucket_states``)
@@ -19,6 +22,7 @@ Rules of this module:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -98,10 +102,18 @@ class Remote:
         return f"{self.host}:{self.port}"
 
     async def __aenter__(self) -> Remote:
-        from ..consumer.errors import TlsError
+        from ..consumer.errors import TlsError, UsageError
+        from ..consumer.security import check_plain
 
         connect = functools.partial(trio.open_tcp_stream, self.host, self.port)
         sec = self.security
+        if sec is not None:
+            try:
+                check_plain(self.host, sec.credentials, sec.tls)
+            except UsageError as exc:
+                raise CtlError(str(exc), code=2) from None
+            # each node's certificate is checked against that node's name, not --host's
+            sec = dataclasses.replace(sec, server_hostname=self.host)
         try:
             with trio.fail_after(self.timeout):
                 if sec is not None and sec.tls is not None:

@@ -1,4 +1,5 @@
-"""Authentication and privileges: the gate in front of a connection's handler table.
+"""Authentication and privileges: the users, and the gate in front of each connection's
+handler table (the per-connection part, ``Gate``, is gate.py).
 
 Rules of this module:
 - Off unless a users file is configured (``users_file``): then ``Authenticator`` holds
@@ -6,55 +7,72 @@ Rules of this module:
   without one ``handlers_for`` returns the server's table itself, so a server without
   users pays nothing per request.
 - Before a connection has authenticated its table holds HELLO, NOOP and the three SASL
-  opcodes; every other request (the pipelined-SET fast path included) is answered
-  EACCESS. After SASL succeeds the table is rebuilt in place (the reader holds the same
-  dict) from ``OPCODE_PRIVILEGES``: an opcode whose privilege the user lacks is answered
-  EACCESS, the others go straight to the server's handlers (no check per request).
+  opcodes; every other request (VERSION and GET_VBUCKET included, the pipelined-SET fast
+  path too) is answered EACCESS. After SASL succeeds the table is rebuilt in place (the
+  reader holds the same dict) from ``OPCODE_PRIVILEGES``: an opcode whose privilege the
+  user lacks is answered EACCESS, the others go straight to the server's handlers (no
+  check per request). One exception: a DCP_STREAM_REQ with the TAKEOVER flag hands the
+  vbucket over (kills it here), so without ``admin`` it is EACCESS.
 - ``OPCODE_PRIVILEGES`` is the one table of what each served opcode needs (a test checks
   it covers every opcode the server serves); an opcode missing from it needs ``admin``.
+- An unauthenticated peer gets little: a request body over ``PRE_AUTH_MAX_BODY`` closes
+  the connection (its header is checked before the body is read), and a connection not
+  authenticated within ``auth_timeout`` seconds is closed (NOOPs do not keep it).
 - SASL (``dcp.protocol.sasl``) runs here: PLAIN only on TLS or loopback connections
-  (its PBKDF2 derivation in a worker thread: ``AwaitBeforeNext``), SASL refused after
+  (its PBKDF2 derivation in a worker thread: ``AwaitBeforeNext``; at most
+  ``PLAIN_DERIVATIONS`` at once server-wide, on a limiter of their own, so a flood of
+  logins cannot take the threads the flusher and backfills need), SASL refused after
   DCP_OPEN, and the third failed authentication (AUTH_ERROR or EINVAL) closes the
-  connection once its answer is sent (logged at INFO, the closing one at WARNING).
+  connection once its answer is sent. Failures are logged at INFO, the closing one at
+  WARNING, at most ``_LOG_BURST`` lines per ``_LOG_INTERVAL`` (then a count).
+- No reference cycle holds a connection: the gate knows its connection through a weak
+  reference and its table's SASL entries call the gate weakly, so a closed connection
+  and its gate are freed at once, not at a (rare) full garbage collection.
 - ``Authenticator.reload`` (SIGHUP) re-reads the file; a bad file is logged and the old
   users stay. Connected users get their new privileges at once; a removed user's
   connection is closed, and so is a DCP connection whose user lost ``stream``. A new
   password only matters to the next authentication.
 
 Wiring (server side): ``DcpServer.authenticator = Authenticator.from_config(config)``
-(None when auth is off) and, for each accepted connection,
-``Connection(server, stream, handlers_for(server.handlers, server.authenticator, stream,
-tls=...))``.
+(None when auth is off); for each accepted connection ``limits`` makes a ``Gate``
+(``Gate.of``), gives its ``table()`` to the ``Connection`` and ``bind``s it; the server runs
+``Authenticator.enforce_auth_timeout``. ``handlers_for`` is the one-call form (tests).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
+import math
+import time
 import weakref
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..protocol import codec
-from ..protocol.frames import Frame
-from ..protocol.opcodes import Opcode, Status
-from ..protocol.sasl import SaslResult, SaslServer
-from .dispatch import Handler, HandlerTable
-from .request_reader import AwaitBeforeNext, CloseAfterAnswer
+from .dispatch import HandlerTable
+from .gate import (
+    MAX_FAILURES,
+    OPCODE_PRIVILEGES,
+    PLAIN_DERIVATIONS,
+    PRE_AUTH_MAX_BODY,
+    PRE_AUTH_OPCODES,
+    Gate,
+    is_loopback,
+)
 from .users import PRIVILEGES, User, Users, UsersFileError, add_user, remove_user
 
 if TYPE_CHECKING:
     from .config import ServerConfig
-    from .connection import Connection
 
 __all__ = [
     "MAX_FAILURES",
     "OPCODE_PRIVILEGES",
+    "PLAIN_DERIVATIONS",
+    "PRE_AUTH_MAX_BODY",
     "PRE_AUTH_OPCODES",
     "PRIVILEGES",
     "Authenticator",
+    "Gate",
     "User",
     "Users",
     "UsersFileError",
@@ -66,55 +84,33 @@ __all__ = [
 
 log = logging.getLogger("dcp.auth")
 
-#: Failed authentications after which a connection is closed.
-MAX_FAILURES = 3
-
-#: What each opcode the server serves needs once authenticated (None: nothing).
-OPCODE_PRIVILEGES: Mapping[int, str | None] = {
-    Opcode.HELLO: None,
-    Opcode.NOOP: None,
-    Opcode.VERSION: None,
-    Opcode.GET_VBUCKET: None,  # where a vbucket lives: clients need it to route
-    Opcode.SASL_LIST_MECHS: None,
-    Opcode.SASL_AUTH: None,
-    Opcode.SASL_STEP: None,
-    Opcode.GET: "read",
-    Opcode.SET: "write",
-    Opcode.ADD: "write",
-    Opcode.REPLACE: "write",
-    Opcode.DELETE: "write",
-    Opcode.DCP_OPEN: "stream",
-    Opcode.DCP_CONTROL: "stream",
-    Opcode.DCP_STREAM_REQ: "stream",
-    Opcode.DCP_CLOSE_STREAM: "stream",
-    Opcode.DCP_GET_FAILOVER_LOG: "stream",
-    Opcode.DCP_BUFFER_ACK: "stream",
-    Opcode.GET_ALL_VB_SEQNOS: "stream",
-    Opcode.STAT: "stats",
-    Opcode.SET_VBUCKET_STATE: "admin",
-}
-
-#: What a connection may send before it has authenticated.
-PRE_AUTH_OPCODES = (
-    Opcode.HELLO,
-    Opcode.NOOP,
-    Opcode.SASL_LIST_MECHS,
-    Opcode.SASL_AUTH,
-    Opcode.SASL_STEP,
-)
-_SASL = (Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP)
+#: Failure log lines: at most ``_LOG_BURST`` per ``_LOG_INTERVAL`` seconds (a password
+#: guesser must not flood the log); the next line says how many were left out.
+_LOG_BURST = 5
+_LOG_INTERVAL = 10.0
 
 
-def is_loopback(stream: Any) -> bool:
-    """Whether ``stream``'s peer is on this host (PLAIN is allowed there)."""
-    sock = getattr(stream, "socket", None)
-    if sock is None:  # a TLS stream: the socket is underneath
-        sock = getattr(getattr(stream, "transport_stream", None), "socket", None)
-    try:
-        host = sock.getpeername()[0] if sock is not None else ""
-        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
-    except (OSError, ValueError, IndexError, TypeError):
-        return False
+class _RateLimitedLog:
+    """Failure lines, at most ``_LOG_BURST`` per ``_LOG_INTERVAL`` (see the module rules)."""
+
+    def __init__(self) -> None:
+        self._window_start = -math.inf
+        self._lines = 0
+        self._left_out = 0
+
+    def __call__(self, level: int, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._window_start >= _LOG_INTERVAL:
+            self._window_start, self._lines = now, 0
+        if self._lines >= _LOG_BURST:
+            self._left_out += 1
+            return
+        self._lines += 1
+        if self._left_out:
+            msg += " (%d similar lines left out before this one)"
+            args = (*args, self._left_out)
+            self._left_out = 0
+        log.log(level, msg, *args)
 
 
 class Authenticator:
@@ -123,7 +119,9 @@ class Authenticator:
     def __init__(self, users: Users, path: str = "") -> None:
         self.users = users
         self.path = path or users.path
-        self._gates: weakref.WeakSet[_Gate] = weakref.WeakSet()
+        self._gates: weakref.WeakSet[Gate] = weakref.WeakSet()
+        self._limiter: trio.CapacityLimiter | None = None
+        self.log_failure = _RateLimitedLog()
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> Authenticator | None:
@@ -135,6 +133,13 @@ class Authenticator:
             log.warning("users file %s has no users: nobody can log in", config.users_file)
         return cls(users, config.users_file)
 
+    @property
+    def plain_limiter(self) -> trio.CapacityLimiter:
+        """The worker threads PLAIN derivations may use (made in the trio run that needs it)."""
+        if self._limiter is None:
+            self._limiter = trio.CapacityLimiter(PLAIN_DERIVATIONS)
+        return self._limiter
+
     def reload(self) -> bool:
         """Re-read the users file (SIGHUP); False, with the old users kept, if it is bad."""
         try:
@@ -142,14 +147,38 @@ class Authenticator:
         except UsersFileError as exc:
             log.error("users file not reloaded, keeping the previous users: %s", exc)
             return False
-        self.users = users
-        for gate in list(self._gates):
-            gate.refresh()
+        self.replace(users)
         log.info("users file %s reloaded: %d users", self.path, len(users))
         return True
 
-    def register(self, gate: _Gate) -> None:
+    def replace(self, users: Users) -> None:
+        """New users in force: connected users get their new privileges (module rules)."""
+        self.users = users
+        for gate in list(self._gates):
+            gate.refresh()
+
+    def register(self, gate: Gate) -> None:
         self._gates.add(gate)
+
+    async def enforce_auth_timeout(self, timeout: float) -> None:
+        """Close connections not authenticated within ``timeout`` seconds (runs until
+        cancelled, in the server's background nursery)."""
+        while True:
+            await trio.sleep(min(timeout / 4, 1.0))
+            now = trio.current_time()
+            for gate in list(self._gates):
+                conn = gate.connection
+                if conn is None or conn.closed or gate.user is not None:
+                    continue
+                if now - gate.unauthenticated_since > timeout:
+                    self.log_failure(
+                        logging.INFO,
+                        "closing id=%d peer=%s: not authenticated within auth_timeout=%g s",
+                        conn.id,
+                        conn.peer,
+                        timeout,
+                    )
+                    conn.close(f"not authenticated within auth_timeout={timeout:g} s")
 
 
 def handlers_for(
@@ -163,154 +192,4 @@ def handlers_for(
     gated table of its own (PLAIN allowed when ``tls`` or the peer is loopback)."""
     if authenticator is None:
         return base
-    gate = _Gate(base, authenticator, allow_plain=tls or is_loopback(stream))
-    authenticator.register(gate)
-    return gate.table
-
-
-class _Gate:
-    """One connection's authentication state and its handler table."""
-
-    def __init__(self, base: HandlerTable, authenticator: Authenticator, allow_plain: bool):
-        self.base = base
-        self.authenticator = authenticator
-        self.user: User | None = None
-        self.conn: Connection | None = None
-        self.failures = 0
-        self.can_write = False
-        self.sasl = SaslServer(self._lookup, allow_plain=allow_plain)
-        self.requests: dict[int, Handler] = {}
-        self.table = HandlerTable(
-            requests=self.requests,
-            unknown=self._unknown,
-            response=base.response,
-            set_run=self._set_run,
-        )
-        self._fill()
-
-    def _lookup(self, name: str, mechanism: str) -> Any:
-        return self.authenticator.users.credentials(name, mechanism)
-
-    def _fill(self) -> None:
-        """Rebuild the table in place for the current user (None: not authenticated)."""
-        requests = self.requests
-        requests.clear()
-        base = self.base.requests
-        user = self.user
-        if user is None:
-            requests.update({op: base[op] for op in PRE_AUTH_OPCODES if op in base})
-        else:
-            for op, handler in base.items():
-                need = OPCODE_PRIVILEGES.get(op, "admin")
-                requests[op] = handler if need is None or need in user.privileges else self._deny
-        requests[Opcode.SASL_LIST_MECHS] = self._list_mechs
-        requests[Opcode.SASL_AUTH] = self._auth
-        requests[Opcode.SASL_STEP] = self._step
-        self.can_write = user is not None and "write" in user.privileges
-
-    def refresh(self) -> None:
-        """The users were reloaded: apply the user's new privileges (see module rules)."""
-        if self.user is None:
-            return
-        conn, name = self.conn, self.user.name
-        self.user = self.authenticator.users.get(name)
-        self._fill()
-        if conn is None:
-            return
-        if self.user is None:
-            conn.close(f"user {name} was removed from the users file")
-        elif conn.dcp_name is not None and "stream" not in self.user.privileges:
-            conn.close(f"user {name} lost the stream privilege")
-
-    # ------------------------------------------------------------------ refusals
-
-    def _deny(self, conn: Connection, f: Frame) -> None:
-        if self.user is None:
-            why = "authenticate first (SASL_AUTH)"
-        else:
-            need = OPCODE_PRIVILEGES.get(f.opcode, "admin")
-            why = f"user {self.user.name!r} lacks the {need!r} privilege"
-        conn.error(f.opcode, Status.EACCESS, f.opaque, why)
-
-    def _unknown(self, conn: Connection, f: Frame) -> None:
-        if self.user is None:
-            self._deny(conn, f)
-        else:
-            self.base.unknown(conn, f)
-
-    def _set_run(
-        self, conn: Connection, buf: bytes, pos: int, end: int, max_body: int, out: bytearray
-    ) -> tuple[int, int]:
-        # Not allowed to write: apply none, so each SET goes through the table (EACCESS).
-        if self.can_write:
-            return self.base.set_run(conn, buf, pos, end, max_body, out)
-        return pos, 0
-
-    # ------------------------------------------------------------------ SASL
-
-    def _list_mechs(self, conn: Connection, f: Frame) -> None:
-        value = " ".join(self.sasl.mechanisms).encode()
-        conn.respond(codec.response(f.opcode, opaque=f.opaque, value=value))
-
-    def _auth(self, conn: Connection, f: Frame) -> None:
-        self._exchange(conn, f, self.sasl.start)
-
-    def _step(self, conn: Connection, f: Frame) -> None:
-        self._exchange(conn, f, self.sasl.step)
-
-    def _exchange(self, conn: Connection, f: Frame, run: Any) -> None:
-        if conn.dcp_name is not None:
-            conn.error(f.opcode, Status.NOT_SUPPORTED, f.opaque, "no SASL after DCP_OPEN")
-            return
-        if f.extras:
-            self._answer(conn, f, SaslResult(Status.EINVAL, b"SASL requests carry no extras"))
-            return
-        if f.opcode == Opcode.SASL_AUTH and self.user is not None:
-            self.user = None  # authenticating again: the old identity is gone
-            self._fill()
-        mechanism = bytes(f.key).decode("ascii", "replace")
-        data = bytes(f.value)
-        if mechanism == "PLAIN" and f.opcode == Opcode.SASL_AUTH:
-            # PLAIN derives the key from the password (PBKDF2, tens of ms): in a worker
-            # thread, so the other connections are served meanwhile
-            async def plain() -> None:
-                result = await trio.to_thread.run_sync(run, mechanism, data)
-                self._answer(conn, f, result)
-
-            raise AwaitBeforeNext(plain)
-        self._answer(conn, f, run(mechanism, data))
-
-    def _answer(self, conn: Connection, f: Frame, result: SaslResult) -> None:
-        if result.status == Status.AUTH_CONTINUE:
-            conn.respond(
-                codec.response(f.opcode, Status.AUTH_CONTINUE, opaque=f.opaque, value=result.value)
-            )
-            return
-        user = self.authenticator.users.get(result.username or "")
-        if result.status == Status.SUCCESS and user is not None:
-            self.user, self.conn, self.failures = user, conn, 0
-            self._fill()
-            log.info(
-                "authenticated id=%d peer=%s user=%s mechanism=%s",
-                conn.id,
-                conn.peer,
-                user.name,
-                bytes(f.key).decode("ascii", "replace"),
-            )
-            conn.respond(codec.response(f.opcode, opaque=f.opaque, value=result.value))
-            return
-        self.failures += 1
-        status = Status.EINVAL if result.status == Status.EINVAL else Status.AUTH_ERROR
-        why = result.value.decode("utf-8", "replace")
-        log.log(
-            logging.WARNING if self.failures >= MAX_FAILURES else logging.INFO,
-            "authentication failed id=%d peer=%s (%d of %d): %s",
-            conn.id,
-            conn.peer,
-            self.failures,
-            MAX_FAILURES,
-            why,
-        )
-        conn.error(f.opcode, status, f.opaque, why)
-        if self.failures >= MAX_FAILURES:
-            raise CloseAfterAnswer(f"{self.failures} failed authentications")
+    return Gate.of(base, authenticator, stream, tls=tls).table()

@@ -4,7 +4,8 @@ Rules of this module: argument parsing, logging setup, signal handling and the e
 only. The first SIGINT/SIGTERM starts a graceful stop (streams end with Disconnected,
 everything queued is flushed, a clean-shutdown marker is written, exit 0); a second one
 exits at once. SIGHUP re-reads the users file (a bad one is logged and the old users
-stay; auth.py) and the TLS certificate and key (a bad pair is logged, the old ones stay).
+stay; auth.py) and the TLS files: the listener's certificate and key, the replication
+connections' CA and client certificate (bad files are logged, the old ones stay).
 Safe default (docs/security.md): without a users file the server only listens on
 loopback; a non-loopback ``host`` without one refuses to start (exit 2) with a line
 saying how to add a user. Exit codes (docs/operations.md, "Damaged data files and exit
@@ -97,7 +98,7 @@ def reload_settings(server: DcpServer) -> None:
         server.authenticator.reload()
     else:
         log.info("SIGHUP: no users file configured; nothing to reload")
-    if server.tls_context is not None:
+    if server.tls_context is not None or server.config.replication_tls:
         try:
             server.reload_tls()
         except (ConfigError, OSError) as exc:

@@ -87,6 +87,14 @@ class ServerConfig:
     #: TOML file of users with their roles and salted SCRAM keys (docs/security.md).
     #: Empty: authentication is off, and the server refuses a non-loopback ``host``.
     users_file: str = ""
+    #: Seconds a connection may stay unauthenticated when users are configured: then it
+    #: is closed (NOOPs do not keep it open).
+    auth_timeout: float = 30.0
+    #: etcd endpoint (``http://127.0.0.1:2379``) whose keys under ``users_etcd_prefix``
+    #: are the users (one JSON record per user; docs/security.md): the users of a
+    #: cluster, followed live. An alternative to ``users_file``.
+    users_etcd: str = ""
+    users_etcd_prefix: str = "/dcp/default/users/"
     #: Port of a second, TLS listener (0: off); needs ``tls_cert`` and ``tls_key``.
     tls_port: int = 0
     #: PEM certificate chain and private key of the TLS listener.
@@ -122,6 +130,16 @@ class ServerConfig:
             raise ConfigError("tls_port needs tls_cert and tls_key (PEM files)")
         if self.replication_password and not self.replication_user:
             raise ConfigError("replication_password is set but replication_user is empty")
+        if self.replication_user and not self.replication_password:
+            raise ConfigError(
+                "replication_user needs replication_password (better given as the "
+                "environment variable DCP_REPLICATION_PASSWORD)"
+            )
+        if self.users_file and self.users_etcd:
+            raise ConfigError("give users_file or users_etcd, not both")
+        if self.users_etcd and not self.users_etcd_prefix.endswith("/"):
+            prefix = self.users_etcd_prefix
+            raise ConfigError(f"users_etcd_prefix must end with '/', not {prefix!r}")
         for name in (
             "checkpoint_memory_quota",
             "max_item_size",
@@ -156,6 +174,7 @@ class ServerConfig:
             "partial_frame_timeout",
             "durability_timeout",
             "tls_handshake_timeout",
+            "auth_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")

@@ -19,8 +19,8 @@ Rules of this module:
   frame would otherwise hold gigabytes for the whole partial-frame timeout. It runs when
   a connection reaches its own cap with output or with buffered input
   (``DcpServer.output_pressure``) and four times a second.
-- Each connection gets its handler table from ``auth.handlers_for``: the server's own
-  when authentication is off, a gated one of its own when it is on.
+- Each connection gets the server's handler table when authentication is off, and a
+  gated one of its own (``gate.Gate``, bound to the connection) when it is on.
 - The TLS listener uses the same loop: a TLS connection is counted and limited like any
   other from accept on; its task finishes the handshake first (``tls.handshake``,
   bounded by ``tls_handshake_timeout``) and then runs the same ``Connection`` code.
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .auth import handlers_for
 from .connection import Connection
+from .gate import Gate
 from .tls import handshake
 
 if TYPE_CHECKING:
@@ -107,9 +107,14 @@ async def _accept_loop(
                 refused_logged_at = now
             await trio.aclose_forcefully(stream)
             return
-        # auth on: the connection's own gated table (auth.py); off: the server's table
-        handlers = handlers_for(server.handlers, server.authenticator, stream, tls=tls is not None)
-        conn = Connection(server, stream, handlers)
+        # auth on: the connection's own gated table (gate.py); off: the server's table
+        authenticator = server.authenticator
+        if authenticator is None:
+            conn = Connection(server, stream, server.handlers)
+        else:
+            gate = Gate.of(server.handlers, authenticator, stream, tls=tls is not None)
+            conn = Connection(server, stream, gate.table())
+            gate.bind(conn)
         # counted now, not when its task starts: a burst of accepts cannot overshoot
         server.connections.add(conn)
         metrics.connections_total += 1

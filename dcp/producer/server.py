@@ -14,7 +14,9 @@ Rules of this module:
   (server_view.py), which ``DcpServer`` satisfies.
 - Both listeners serve the same ``Connection`` code; the TLS context is built with the
   server (a bad certificate stops it before the data directory is opened) and is read
-  at each accept, so ``reload_tls`` rotates the certificate for new connections.
+  at each accept, so ``reload_tls`` rotates the certificate for new connections. The
+  replication connections' context (``replication_tls``) is read at each connect, and
+  ``reload_tls`` rebuilds it too (a rotated CA or client certificate).
 - ``DcpServer.run`` owns every task through nurseries: the background nursery (flusher,
   expiry, compaction, housekeeping, backfills, output guard, metrics) outlives the
   connection nursery, so a graceful stop can end streams, close connections, then flush
@@ -174,6 +176,8 @@ class DcpServer:
                     registry.run_housekeeping, bucket, self.config.checkpoint_retain_seconds
                 )
                 bg.start_soon(guard_output, self)
+                if self.authenticator is not None:
+                    bg.start_soon(self.authenticator.enforce_auth_timeout, self.config.auth_timeout)
                 if self.config.metrics_port:
                     self.metrics_port = await bg.start(
                         serve_metrics, self, self.config.host, self.config.metrics_port
@@ -239,8 +243,12 @@ class DcpServer:
         if c.replication_user:
             options["auth"] = SourceAuth(c.replication_user, c.replication_password)
         if self._replication_tls is not None:
-            options["open_stream"] = tls_open_stream(self._replication_tls)
+            options["open_stream"] = tls_open_stream(self._current_replication_tls)
         return options
+
+    def _current_replication_tls(self) -> ssl.SSLContext:
+        assert self._replication_tls is not None
+        return self._replication_tls
 
     async def _run_replication(
         self, manager: ReplicationManager, *, task_status: Any = trio.TASK_STATUS_IGNORED
@@ -285,12 +293,17 @@ class DcpServer:
         return f"{self.tls_port}{mutual}"
 
     def reload_tls(self) -> None:
-        """Re-read ``tls_cert``/``tls_key``/``tls_ca`` (a rotated certificate): new TLS
-        connections use them, open ones keep theirs. Raises ``ConfigError`` and keeps the
-        current context when the files are bad."""
-        if self.tls_context is not None:
-            self.tls_context = server_context(self.config)
+        """Re-read ``tls_cert``/``tls_key``/``tls_ca`` and ``replication_tls_ca`` (rotated
+        files): new connections, TLS clients' and replication's, use them; open ones keep
+        theirs. Raises ``ConfigError`` and keeps the current contexts when a file is bad."""
+        listener = server_context(self.config) if self.tls_context is not None else None
+        replication = replication_context(self.config) if self.config.replication_tls else None
+        if listener is not None:
+            self.tls_context = listener
             log.info("TLS certificate reloaded from %s", self.config.tls_cert)
+        if replication is not None:
+            self._replication_tls = replication
+            log.info("replication TLS context reloaded (CA %s)", self.config.replication_tls_ca)
 
     async def serve_connection(self, conn: Connection) -> None:
         """Run one accepted connection (``limits`` has added it to ``connections``)."""

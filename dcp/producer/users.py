@@ -19,20 +19,25 @@ Rules of this module:
   keys) and raises ``UsersFileError`` naming the user and the field: a typo stops the
   server at start, and a bad file at SIGHUP is refused (the old users stay).
 - ``add_user`` rewrites the file atomically (a temporary file in the same directory,
-  fsync'd, then renamed over the old one; mode 0600) so a server reading it at the same
-  moment sees the old or the new file, never half of one. It refuses to rewrite a file
-  that does not load.
+  fsync'd, then renamed over the old one; mode 0600, owned by whoever runs it) so a
+  server reading it at the same moment sees the old or the new file, never half of one.
+  It refuses to rewrite a file that does not load. ``add_user`` and ``remove_user`` hold
+  an exclusive ``fcntl`` lock on a lock file beside it (``.NAME.lock``) from reading to
+  renaming, so two of them at once (two ``dcpctl user add``) both land. The lock is not
+  on the users file itself: the rename replaces that file, and a lock with it.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import fcntl
 import hashlib
 import os
 import tempfile
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,6 +251,18 @@ def _write_atomically(path: Path, data: dict[str, Any]) -> None:
         os.close(dir_fd)
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold the users file's lock (see the module rules) for a read-modify-write."""
+    directory = path.parent if str(path.parent) else Path(".")
+    fd = os.open(directory / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def add_user(
     path: str | os.PathLike[str],
     name: str,
@@ -263,23 +280,25 @@ def add_user(
     privileges_of(roles)
     if not password:
         raise ValueError("the password may not be empty")
-    file = Path(path)
-    data = _read_for_rewrite(file)
     entry: dict[str, Any] = {"roles": roles}
-    for key, mechanism in _TABLES.items():
+    for key, mechanism in _TABLES.items():  # the slow part, before taking the lock
         entry[key] = _credentials_table(
             make_credentials(mechanism, password, iterations=iterations)
         )
-    data.setdefault("users", {})[name] = entry
-    _write_atomically(file, data)
+    file = Path(path)
+    with _locked(file):
+        data = _read_for_rewrite(file)
+        data.setdefault("users", {})[name] = entry
+        _write_atomically(file, data)
 
 
 def remove_user(path: str | os.PathLike[str], name: str) -> bool:
     """Remove ``name`` from the users file; False when it was not there."""
     file = Path(path)
-    data = _read_for_rewrite(file)
-    if name not in data.get("users", {}):
-        return False
-    del data["users"][name]
-    _write_atomically(file, data)
+    with _locked(file):
+        data = _read_for_rewrite(file)
+        if name not in data.get("users", {}):
+            return False
+        del data["users"][name]
+        _write_atomically(file, data)
     return True

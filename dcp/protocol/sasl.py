@@ -36,6 +36,7 @@ from .opcodes import Status
 __all__ = [
     "DEFAULT_ITERATIONS",
     "MAX_CLIENT_FIRST",
+    "MAX_CLIENT_ITERATIONS",
     "MECHANISMS",
     "SCRAM_MECHANISMS",
     "SaslClient",
@@ -58,8 +59,8 @@ MAX_CLIENT_FIRST = 1024
 #: The client-final message: channel binding, the nonces and a base64 proof.
 _MAX_CLIENT_FINAL = 2048
 #: A client refuses a server asking for more rounds than this (a hostile server could
-#: otherwise make it spin for minutes).
-_MAX_CLIENT_ITERATIONS = 10_000_000
+#: otherwise make it spin for seconds per login: a million SHA-512 rounds is about one).
+MAX_CLIENT_ITERATIONS = 1_000_000
 _SERVER_NONCE_BYTES = 16
 _GS2_HEADER = b"n,,"
 _DUMMY_SECRET = secrets.token_bytes(32)
@@ -358,7 +359,9 @@ def _invalid(text: str) -> SaslResult:
 
 class SaslClient:
     """The client side of one authentication: ``start()`` is the SASL_AUTH value; for
-    SCRAM, ``step(challenge)`` (the AUTH_CONTINUE value) is the SASL_STEP value and
+    SCRAM, ``step(challenge)`` (the AUTH_CONTINUE value; it derives the key, up to
+    ``MAX_CLIENT_ITERATIONS`` PBKDF2 rounds: async callers run it in a worker thread) is
+    the SASL_STEP value and
     ``finish(server_final)`` (the SUCCESS value) checks the server's signature, so the
     client knows the server holds the user's keys. PLAIN is one message and no check.
     Anything wrong raises ``AuthenticationError``."""
@@ -396,7 +399,7 @@ class SaslClient:
             raise AuthenticationError(Status.AUTH_ERROR, f"bad server challenge: {exc}") from None
         if not nonce.startswith(self._nonce) or nonce == self._nonce:
             raise AuthenticationError(Status.AUTH_ERROR, "server nonce does not extend ours")
-        if not 1 <= iterations <= _MAX_CLIENT_ITERATIONS:
+        if not 1 <= iterations <= MAX_CLIENT_ITERATIONS:
             raise AuthenticationError(Status.AUTH_ERROR, f"server asks {iterations} iterations")
         hash_name = SCRAM_MECHANISMS[self.mechanism]
         salted = hashlib.pbkdf2_hmac(hash_name, self._password.encode(), salt, iterations)

@@ -21,7 +21,10 @@ Rules of this module:
   file may be fixed and reloaded meanwhile).
 - TLS (``replication_tls``): ``tls_open_stream`` is the ``OpenStream`` that connects and
   finishes the TLS handshake, verifying the source's certificate; a failed handshake is
-  a ``LinkLost`` too.
+  a ``LinkLost`` too. It reads the server's current context at each connect (SIGHUP
+  rebuilds it).
+- The client's SCRAM key derivation (PBKDF2 at the iterations the source asks) runs in
+  a worker thread: the node's event loop serves its clients meanwhile.
 """
 
 from __future__ import annotations
@@ -68,13 +71,19 @@ class SourceAuth:
     mechanism: str = "SCRAM-SHA512"
 
 
-def tls_open_stream(ctx: ssl.SSLContext, open_tcp: OpenStream = trio.open_tcp_stream) -> OpenStream:
+def tls_open_stream(
+    ctx: ssl.SSLContext | Callable[[], ssl.SSLContext],
+    open_tcp: OpenStream = trio.open_tcp_stream,
+) -> OpenStream:
     """An ``OpenStream`` that returns a TLS stream with its handshake done (the source's
-    certificate verified against ``ctx`` for the host connected to)."""
+    certificate verified against ``ctx`` for the host connected to). ``ctx`` may be a
+    function returning the current context: each connect then uses the newest one (the
+    server rebuilds it on SIGHUP)."""
+    current = ctx if callable(ctx) else (lambda: ctx)
 
     async def open_tls(host: str, port: int) -> trio.abc.Stream:
         tcp = await open_tcp(host, port)
-        tls = trio.SSLStream(tcp, ctx, server_hostname=host, https_compatible=True)
+        tls = trio.SSLStream(tcp, current(), server_hostname=host, https_compatible=True)
         try:
             await tls.do_handshake()
         except BaseException:
@@ -273,8 +282,10 @@ class Link:
                 [*first, (o, codec.sasl_auth(auth.mechanism, client.start(), opaque=o))]
             )
             if f.status == Status.AUTH_CONTINUE:
+                # PBKDF2 at the source's iterations: a worker thread, not the event loop
+                final = await trio.to_thread.run_sync(client.step, bytes(f.value))
                 o = s.expect(s.next_opaque())
-                data = codec.sasl_step(auth.mechanism, client.step(bytes(f.value)), opaque=o)
+                data = codec.sasl_step(auth.mechanism, final, opaque=o)
                 (f,) = await self._call([(o, data)])
             if f.status == Status.SUCCESS:
                 client.finish(bytes(f.value))
