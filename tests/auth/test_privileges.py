@@ -8,7 +8,7 @@ import pytest
 
 from dcp.producer.auth import OPCODE_PRIVILEGES, PRE_AUTH_OPCODES
 from dcp.producer.dispatch import HANDLERS
-from dcp.protocol import DcpOpenFlag, Opcode, Status, VBucketState, codec
+from dcp.protocol import DcpOpenFlag, Opcode, Status, StreamRequestFlag, VBucketState, codec
 
 from .conftest import USERS, connect, logged_in, request_status
 
@@ -50,27 +50,107 @@ def frame_for(op: int, opaque: int) -> bytes:
             return codec.request(op, opaque=opaque)
 
 
-#: DCP_OPEN last: it changes what the connection is
-CHECKED = sorted(
-    (op for op in OPCODE_PRIVILEGES if op not in (Opcode.SASL_AUTH, Opcode.SASL_STEP)),
-    key=lambda op: (op == Opcode.DCP_OPEN, op),
-)
+#: Checked on a plain connection, in this order (k1 exists beforehand, so each request
+#: a user may make succeeds: GET finds it, REPLACE and DELETE too, ADD uses a new key)
+KV_ORDER = [
+    Opcode.HELLO,
+    Opcode.NOOP,
+    Opcode.VERSION,
+    Opcode.GET_VBUCKET,
+    Opcode.SASL_LIST_MECHS,
+    Opcode.GET,
+    Opcode.SET,
+    Opcode.REPLACE,
+    Opcode.ADD,
+    Opcode.DELETE,
+    Opcode.STAT,
+    Opcode.GET_ALL_VB_SEQNOS,
+    Opcode.SET_VBUCKET_STATE,
+]
+#: Checked on a second connection, DCP_OPEN first: the others need an open producer
+DCP_ORDER = [
+    Opcode.DCP_OPEN,
+    Opcode.DCP_CONTROL,
+    Opcode.DCP_GET_FAILOVER_LOG,
+    Opcode.DCP_STREAM_REQ,
+    Opcode.DCP_CLOSE_STREAM,
+    Opcode.DCP_BUFFER_ACK,
+]
+#: What an allowed request answers (SUCCESS unless listed): a buffer ack has no answer
+ALLOWED_STATUS = {Opcode.DCP_BUFFER_ACK: None}
+OPEN_ENDED = 2**64 - 1
+
+
+def ordered_frame(op: int, opaque: int) -> bytes:
+    """``frame_for``, adjusted to the ordered run: ADD a new key; the stream request is
+    open-ended on vbucket 1 so that CLOSE_STREAM finds it."""
+    match op:
+        case Opcode.ADD:
+            key = b"k-added"
+            return codec.request(
+                op,
+                vbucket=codec.vbucket_for_key(key, 4),
+                opaque=opaque,
+                extras=codec.store_extras(0, 0),
+                key=key,
+                value=b"v",
+            )
+        case Opcode.DCP_STREAM_REQ:
+            return codec.stream_request(1, opaque, flags=0, start=0, end=OPEN_ENDED, vb_uuid=0)
+        case Opcode.DCP_CLOSE_STREAM:
+            return codec.request(op, vbucket=1, opaque=opaque)
+        case _:
+            return frame_for(op, opaque)
+
+
+def test_the_ordered_runs_cover_every_opcode():
+    assert set(KV_ORDER) | set(DCP_ORDER) | {Opcode.SASL_AUTH, Opcode.SASL_STEP} == set(
+        OPCODE_PRIVILEGES
+    )
 
 
 @pytest.mark.parametrize("user", sorted(USERS))
 async def test_each_privilege_allows_its_opcodes_and_nothing_more(server, user):
+    """Each well-formed request a user may make succeeds; each it may not is EACCESS."""
     privileges = {"all": {"read", "write", "stream", "stats", "admin"}}.get(
         USERS[user][0], {USERS[user][0]}
     )
+    async with logged_in(server, "u_all") as c:
+        assert (await c.set(b"k1", b"v")).status == Status.SUCCESS
+    seen = {}
+    for order in (KV_ORDER, DCP_ORDER):
+        async with logged_in(server, user) as c:
+            for op in order:
+                opaque = next(c.opaques)
+                seen[op] = await request_status(c, ordered_frame(op, opaque), opaque)
+    expected = {
+        op: Status.EACCESS
+        if need is not None and need not in privileges
+        else ALLOWED_STATUS.get(op, Status.SUCCESS)
+        for op, need in OPCODE_PRIVILEGES.items()
+        if op in seen
+    }
+    wrong = {Opcode(op).name: (seen[op], expected[op]) for op in seen if seen[op] != expected[op]}
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("user", sorted(USERS))
+async def test_a_takeover_stream_request_needs_admin(server, user):
+    """A TAKEOVER stream hands the vbucket over (this node's copy dies): ``stream``
+    alone must not allow it, however the flags are combined."""
+    privileges = USERS[user][0]
     async with logged_in(server, user) as c:
-        seen = {}
-        for op in CHECKED:
+        opaque = next(c.opaques)
+        opened = await request_status(c, frame_for(Opcode.DCP_OPEN, opaque), opaque)
+        for flags in (StreamRequestFlag.TAKEOVER, StreamRequestFlag.TAKEOVER | 0x10):
             opaque = next(c.opaques)
-            seen[Opcode(op).name] = await request_status(c, frame_for(op, opaque), opaque)
-    need = {Opcode(op).name: OPCODE_PRIVILEGES[op] for op in CHECKED}
-    denied = {name for name, status in seen.items() if status == Status.EACCESS}
-    expected = {name for name, p in need.items() if p is not None and p not in privileges}
-    assert denied == expected, seen
+            request = codec.stream_request(0, opaque, flags=int(flags), start=0, end=0, vb_uuid=0)
+            status = await request_status(c, request, opaque)
+            if privileges == "all":
+                assert status == Status.SUCCESS  # an admin may move vbucket 0
+                return
+            assert status == Status.EACCESS, (user, opened, status)
+    assert server.bucket.vbucket(0).state is VBucketState.ACTIVE  # untouched
 
 
 async def test_before_authentication_everything_else_is_eaccess(server):
