@@ -152,3 +152,25 @@ def test_roles_to_privileges():
     assert privileges_of(["all"]) == {"read", "write", "stream", "stats", "admin"}
     with pytest.raises(ValueError):
         privileges_of(["READ"])
+
+
+def test_concurrent_adds_all_land(tmp_path):
+    """Two ``dcpctl user add`` at once must not lose one: each holds the file's lock
+    from reading it to renaming the new one over it."""
+    import threading
+
+    path = tmp_path / "users.toml"
+    names = [f"user{i}" for i in range(8)]
+    start = threading.Barrier(len(names))
+
+    def add(name: str) -> None:
+        start.wait()
+        for round_ in range(3):
+            add_user(path, f"{name}-{round_}", ["read"], "pw", iterations=200)
+
+    threads = [threading.Thread(target=add, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert Users.load(path).names == sorted(f"{n}-{r}" for n in names for r in range(3))
