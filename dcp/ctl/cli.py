@@ -220,6 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="PATH",
             help="the server's users file (env DCP_USERS_FILE); created if missing",
         )
+        u.add_argument(
+            "--etcd",
+            default=os.environ.get("DCP_USERS_ETCD"),
+            metavar="URL",
+            help="write the cluster's users in etcd instead (the servers' users_etcd)",
+        )
+        u.add_argument(
+            "--etcd-prefix",
+            default=os.environ.get("DCP_USERS_ETCD_PREFIX", "/dcp/default/users/"),
+            metavar="PREFIX",
+            help="the servers' users_etcd_prefix (default /dcp/default/users/)",
+        )
 
     p = _command(
         sub,

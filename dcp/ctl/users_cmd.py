@@ -1,9 +1,14 @@
-"""``dcpctl user add | remove``: write the server's users file (``--users-file``).
+"""``dcpctl user add | remove``: write the server's users file (``--users-file``), or a
+cluster's users in etcd (``--etcd``).
 
 Rules of this module:
 - Offline: the file is edited in place with the server's own writer
-  (``dcp.producer.users``: salted SCRAM keys, never the password; an atomic rewrite),
-  and a running server reads it again on SIGHUP. Nothing is sent to a server.
+  (``dcp.producer.users``: salted SCRAM keys, never the password; an atomic rewrite
+  under a lock), and a running server reads it again on SIGHUP. Nothing is sent to a
+  server.
+- With ``--etcd URL`` the same record goes to etcd (``dcp.producer.users_etcd``: one key
+  per user under ``--etcd-prefix``); servers with ``users_etcd`` follow it within a
+  second. etcd not answering is one line, exit 1.
 - The password is asked twice on a terminal; otherwise it is the first line of stdin
   (for scripts: ``printf '%s\\n' "$PW" | dcpctl user add ...``). Never a flag: a flag
   would show in ``ps`` and in the shell's history. An empty password is refused.
@@ -16,6 +21,7 @@ import argparse
 import getpass
 import os
 import sys
+from typing import Any
 
 from .output import CtlError, Output
 
@@ -47,10 +53,34 @@ def read_password(name: str) -> str:
     return password
 
 
+def _etcd(action: str, args: argparse.Namespace, *call_args: Any) -> Any:
+    """Run ``users_etcd``'s ``put_user``/``delete_user`` against ``--etcd``."""
+    import trio
+
+    from ..producer.cluster.store import EtcdStore, StoreUnavailable
+    from ..producer.users_etcd import delete_user, put_user
+
+    async def run() -> Any:
+        store = EtcdStore(args.etcd)
+        try:
+            do = put_user if action == "add" else delete_user
+            return await do(store, args.etcd_prefix, args.name, *call_args)
+        finally:
+            await store.aclose()
+
+    try:
+        return trio.run(run)
+    except StoreUnavailable as exc:
+        raise CtlError(str(exc)) from None
+    except ValueError as exc:
+        raise CtlError(f"--etcd {args.etcd}: {exc}", code=2) from None
+
+
 def cmd_user_add(args: argparse.Namespace, out: Output) -> int:
     from ..producer.users import UsersFileError, add_user, check_name, privileges_of
 
-    path = _users_file(args)
+    etcd = getattr(args, "etcd", None)
+    path = f"etcd {etcd} {args.etcd_prefix}" if etcd else _users_file(args)
     roles = [r.strip() for r in args.role.split(",") if r.strip()]
     try:  # refuse bad arguments before asking for a password
         check_name(args.name)
@@ -60,8 +90,11 @@ def cmd_user_add(args: argparse.Namespace, out: Output) -> int:
     except ValueError as exc:
         raise CtlError(str(exc), code=2) from None
     password = read_password(args.name)
+    if etcd:
+        _etcd("add", args, roles, password)
     try:
-        add_user(path, args.name, roles, password)
+        if not etcd:
+            add_user(path, args.name, roles, password)
     except UsersFileError as exc:
         raise CtlError(str(exc)) from None
     except (OSError, ValueError) as exc:
@@ -70,21 +103,29 @@ def cmd_user_add(args: argparse.Namespace, out: Output) -> int:
         "user": args.name,
         "roles": roles,
         "privileges": sorted(privileges),
-        "users_file": path,
+        ("etcd" if etcd else "users_file"): path,
     }
     if out.json_mode:
         out.json(doc)
     else:
-        out.line(
-            f"user {args.name} ({', '.join(sorted(privileges))}) saved in {path}; "
-            "a running server reads it on SIGHUP"
-        )
+        when = "servers following etcd apply it" if etcd else "a running server reads it on SIGHUP"
+        out.line(f"user {args.name} ({', '.join(sorted(privileges))}) saved in {path}; {when}")
     return 0
 
 
 def cmd_user_remove(args: argparse.Namespace, out: Output) -> int:
     from ..producer.users import UsersFileError, remove_user
 
+    etcd = getattr(args, "etcd", None)
+    if etcd:
+        path = f"etcd {etcd} {args.etcd_prefix}"
+        if not _etcd("remove", args):
+            raise CtlError(f"no user {args.name!r} in {path}")
+        if out.json_mode:
+            out.json({"user": args.name, "removed": True, "etcd": path})
+        else:
+            out.line(f"user {args.name} removed from {path}; servers following etcd apply it")
+        return 0
     path = _users_file(args)
     try:
         removed = remove_user(path, args.name)

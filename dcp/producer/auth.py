@@ -142,6 +142,9 @@ class Authenticator:
 
     def reload(self) -> bool:
         """Re-read the users file (SIGHUP); False, with the old users kept, if it is bad."""
+        if not self.path:  # users_etcd: changes there are followed as they happen
+            log.info("SIGHUP: the users come from etcd and are followed; nothing to reload")
+            return True
         try:
             users = Users.load(self.path)
         except UsersFileError as exc:

@@ -14,7 +14,8 @@ codes"):
     0  stopped cleanly: everything acknowledged is persisted
     1  a runtime error stopped the server (port in use, an LMDB error at open...), or a
        second signal cut the graceful stop short
-    2  bad settings (a users file that does not load, a public address without one)
+    2  bad settings (a users file that does not load, a public address without one,
+       ``users_etcd`` not answering at start or holding a record that does not load)
     3  refused to start: the data directory is damaged (truncated, emptied or missing
        data file; ``datafiles.py``); nothing was changed. ``--reset-data`` sets a damaged
        data file aside and starts empty (an intact store is never touched)
@@ -83,7 +84,7 @@ def auth_refusal(cfg: ServerConfig) -> str:
         except UsersFileError as exc:
             return str(exc)
         return ""
-    if is_loopback_host(cfg.host):
+    if cfg.users_etcd or is_loopback_host(cfg.host):  # etcd's users are checked at start
         return ""
     return (
         f"refusing to listen on {cfg.host or 'every interface'} without users: add one with "
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         leaf = _first_leaf(exc)
         if isinstance(leaf, KeyboardInterrupt | SystemExit) or not isinstance(leaf, Exception):
             raise
+        if isinstance(leaf, UsersFileError):  # users_etcd: etcd silent or a bad record
+            print(f"dcp-server: refusing to start: {leaf}", file=sys.stderr)
+            return EXIT_USAGE
         if isinstance(leaf, DataDirError):
             print(f"dcp-server: refusing to start: {leaf.detail}", file=sys.stderr)
             return EXIT_DATA_DIR

@@ -46,6 +46,7 @@ from ..protocol.opcodes import StreamEndStatus
 from .active_stream import ActiveStream
 from .auth import Authenticator
 from .backfills import Backfills
+from .cluster.store import EtcdStore
 from .config import ServerConfig
 from .connection import Connection
 from .dispatch import HANDLERS, HandlerTable
@@ -57,6 +58,7 @@ from .replication.link import SourceAuth, tls_open_stream
 from .replication.manager import ReplicationManager
 from .stream_registry import StreamRegistry
 from .tls import replication_context, server_context
+from .users_etcd import follow_users, open_users_etcd
 from .vbucket_states import VBucketStates
 
 __all__ = ["DcpServer", "ServerConfig", "open_server"]
@@ -120,6 +122,7 @@ class DcpServer:
         self._replication_scope = trio.CancelScope()
         self._started_at = time.monotonic()
         self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._users_store: EtcdStore | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -148,6 +151,8 @@ class DcpServer:
         """Open the data directory, listen, serve until ``request_shutdown``."""
         # Named (absolute) before anything can fail: opening may take long (warm-up,
         # migration) or fail, and the operator must know which directory it was.
+        await self._open_users()
+        users_store = self._users_store
         log.info("opening data_dir=%s", Path(self.config.data_dir).resolve())
         Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
         bucket = await trio.to_thread.run_sync(
@@ -178,6 +183,10 @@ class DcpServer:
                 bg.start_soon(guard_output, self)
                 if self.authenticator is not None:
                     bg.start_soon(self.authenticator.enforce_auth_timeout, self.config.auth_timeout)
+                if users_store is not None:
+                    bg.start_soon(
+                        follow_users, self.authenticator, users_store, self.config.users_etcd_prefix
+                    )
                 if self.config.metrics_port:
                     self.metrics_port = await bg.start(
                         serve_metrics, self, self.config.host, self.config.metrics_port
@@ -218,8 +227,15 @@ class DcpServer:
                 await trio.to_thread.run_sync(
                     functools.partial(bucket.close, clean=self.clean_shutdown)
                 )
+                if users_store is not None:
+                    await users_store.aclose()
             log.info("stopped clean=%s", self.clean_shutdown)
             self._stopped.set()
+
+    async def _open_users(self) -> None:
+        """``users_etcd``: the users now (etcd must answer, else ``UsersFileError``)."""
+        if self.config.users_etcd and self._users_store is None:
+            self._users_store, self.authenticator = await open_users_etcd(self.config)
 
     async def _start_replication(self, bg: trio.Nursery) -> None:
         """This node's vbucket states and replication (vbucket_states.py, replication/):
@@ -336,6 +352,7 @@ class DcpServer:
         await self._stopped.wait()
 
     async def __aenter__(self) -> DcpServer:
+        await self._open_users()  # before the nursery: a refusal is raised as it is
         stack = contextlib.AsyncExitStack()
         nursery = await stack.enter_async_context(trio.open_nursery())
         await nursery.start(self.run)

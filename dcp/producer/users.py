@@ -61,6 +61,7 @@ __all__ = [
     "check_name",
     "privileges_of",
     "remove_user",
+    "user_record",
 ]
 
 #: What a user may be allowed (auth.py says which opcodes need which).
@@ -114,6 +115,13 @@ class Users:
     def __init__(self, users: Mapping[str, User] | None = None, path: str = "") -> None:
         self._users = dict(users or {})
         self.path = path
+
+    @classmethod
+    def from_records(cls, records: Mapping[str, Any], where: str) -> Users:
+        """Users from ``{name: record}``, each record what a ``[users.NAME]`` table holds
+        (etcd's records, users_etcd.py); checked as strictly as a file (``where`` names
+        the source in errors)."""
+        return cls(_parse({"users": dict(records)}, where), where)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Users:
@@ -263,6 +271,26 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+def user_record(
+    name: str, roles: Iterable[str], password: str, *, iterations: int = DEFAULT_ITERATIONS
+) -> dict[str, Any]:
+    """What the users file (or etcd) holds for a user: roles and salted keys for both
+    SCRAM mechanisms, never the password (``ValueError`` for bad arguments)."""
+    check_name(name)
+    roles = list(roles)
+    if not roles:
+        raise ValueError("a user needs at least one role")
+    privileges_of(roles)
+    if not password:
+        raise ValueError("the password may not be empty")
+    entry: dict[str, Any] = {"roles": roles}
+    for key, mechanism in _TABLES.items():
+        entry[key] = _credentials_table(
+            make_credentials(mechanism, password, iterations=iterations)
+        )
+    return entry
+
+
 def add_user(
     path: str | os.PathLike[str],
     name: str,
@@ -273,18 +301,7 @@ def add_user(
 ) -> None:
     """Add ``name`` to the users file at ``path`` (created if missing), or replace its
     roles and password: salted keys for both SCRAM mechanisms, never the password."""
-    check_name(name)
-    roles = list(roles)
-    if not roles:
-        raise ValueError("a user needs at least one role")
-    privileges_of(roles)
-    if not password:
-        raise ValueError("the password may not be empty")
-    entry: dict[str, Any] = {"roles": roles}
-    for key, mechanism in _TABLES.items():  # the slow part, before taking the lock
-        entry[key] = _credentials_table(
-            make_credentials(mechanism, password, iterations=iterations)
-        )
+    entry = user_record(name, roles, password, iterations=iterations)  # before the lock: slow
     file = Path(path)
     with _locked(file):
         data = _read_for_rewrite(file)
