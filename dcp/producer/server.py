@@ -57,7 +57,7 @@ from .persistence import Persistence
 from .replication.link import SourceAuth, tls_open_stream
 from .replication.manager import ReplicationManager
 from .stream_registry import StreamRegistry
-from .tls import replication_context, server_context
+from .tls import TlsContexts
 from .users_etcd import follow_users, open_users_etcd
 from .vbucket_states import VBucketStates
 
@@ -89,18 +89,12 @@ class DcpServer:
         #: the users and their privileges (auth.py); None: authentication is off. Built
         #: here: a bad users file raises ``UsersFileError`` before anything runs.
         self.authenticator = Authenticator.from_config(self.config)
-        #: how replication connections connect (TLS with ``replication_tls``)
-        self._replication_tls = (
-            replication_context(self.config) if self.config.replication_tls else None
-        )
         self.port = 0
         #: the TLS listener's port (0: none)
         self.tls_port = 0
-        #: the TLS listener's context (None: no TLS listener); ``reload_tls`` replaces it.
-        #: Built here: bad certificate files raise ``ConfigError`` before anything runs.
-        self.tls_context: ssl.SSLContext | None = (
-            server_context(self.config) if self.config.tls_port else None
-        )
+        #: the TLS contexts, listener's and replication's (tls.py; ``reload_tls``). Built
+        #: here: bad certificate files raise ``ConfigError`` before anything runs.
+        self.tls = TlsContexts(self.config)
         self.metrics_port = 0
         self.metrics = ServerMetrics()
         self.connections: set[Connection] = set()
@@ -197,7 +191,7 @@ class DcpServer:
                     )
                     self.port = listeners[0].socket.getsockname()[1]
                     tls_listeners: list[trio.SocketListener] = []
-                    if self.tls_context is not None:
+                    if self.tls.listener is not None:
                         tls_listeners = await trio.open_tcp_listeners(
                             self.config.tls_port, host=self.config.host
                         )
@@ -208,7 +202,7 @@ class DcpServer:
                         "listening host=%s port=%d tls_port=%s data_dir=%s vbuckets=%d",
                         self.config.host,
                         self.port,
-                        self._tls_description(),
+                        self.tls.describe(self.tls_port),
                         Path(self.config.data_dir).resolve(),
                         bucket.num_vbuckets,
                     )
@@ -258,13 +252,9 @@ class DcpServer:
         options: dict[str, Any] = {}
         if c.replication_user:
             options["auth"] = SourceAuth(c.replication_user, c.replication_password)
-        if self._replication_tls is not None:
-            options["open_stream"] = tls_open_stream(self._current_replication_tls)
+        if self.tls.replication is not None:
+            options["open_stream"] = tls_open_stream(self.tls.current_replication)
         return options
-
-    def _current_replication_tls(self) -> ssl.SSLContext:
-        assert self._replication_tls is not None
-        return self._replication_tls
 
     async def _run_replication(
         self, manager: ReplicationManager, *, task_status: Any = trio.TASK_STATUS_IGNORED
@@ -295,31 +285,17 @@ class DcpServer:
                 nursery.start_soon(accept_connections, self, listeners, conns)
                 if tls_listeners:
                     nursery.start_soon(
-                        accept_connections, self, tls_listeners, conns, self._current_tls
+                        accept_connections, self, tls_listeners, conns, self.tls.current_listener
                     )
 
-    def _current_tls(self) -> ssl.SSLContext:
-        assert self.tls_context is not None
-        return self.tls_context
-
-    def _tls_description(self) -> str:
-        if not self.tls_port:
-            return "off"
-        mutual = " (client certificates required)" if self.config.tls_ca else ""
-        return f"{self.tls_port}{mutual}"
+    @property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS listener's current context (None: no TLS listener)."""
+        return self.tls.listener
 
     def reload_tls(self) -> None:
-        """Re-read ``tls_cert``/``tls_key``/``tls_ca`` and ``replication_tls_ca`` (rotated
-        files): new connections, TLS clients' and replication's, use them; open ones keep
-        theirs. Raises ``ConfigError`` and keeps the current contexts when a file is bad."""
-        listener = server_context(self.config) if self.tls_context is not None else None
-        replication = replication_context(self.config) if self.config.replication_tls else None
-        if listener is not None:
-            self.tls_context = listener
-            log.info("TLS certificate reloaded from %s", self.config.tls_cert)
-        if replication is not None:
-            self._replication_tls = replication
-            log.info("replication TLS context reloaded (CA %s)", self.config.replication_tls_ca)
+        """SIGHUP: rebuild the TLS contexts from their files (``TlsContexts.reload``)."""
+        self.tls.reload()
 
     async def serve_connection(self, conn: Connection) -> None:
         """Run one accepted connection (``limits`` has added it to ``connections``)."""

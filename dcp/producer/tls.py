@@ -14,6 +14,10 @@ Rules of this module:
   the connection runs the same ``Connection`` code as a plaintext one.
 - The streams are ``trio.SSLStream`` over the standard ``ssl`` module: no hand-written
   record layer.
+- ``TlsContexts`` holds the server's two contexts: the listener's (read at each accept)
+  and the replication connections' (read at each connect). ``reload`` (SIGHUP) rebuilds
+  both from their files, so a rotated certificate or CA serves the next connection; when
+  a file is bad it raises ``ConfigError`` and both current contexts stay.
 """
 
 from __future__ import annotations
@@ -29,7 +33,14 @@ from .config import ConfigError, ServerConfig
 if TYPE_CHECKING:
     from .connection import Connection
 
-__all__ = ["handshake", "is_tls", "peer_subject", "replication_context", "server_context"]
+__all__ = [
+    "TlsContexts",
+    "handshake",
+    "is_tls",
+    "peer_subject",
+    "replication_context",
+    "server_context",
+]
 
 log = logging.getLogger("dcp.server")
 
@@ -73,6 +84,40 @@ def replication_context(cfg: ServerConfig) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(f"tls_cert/tls_key: cannot load {cfg.tls_cert!r}: {exc}") from exc
     return ctx
+
+
+class TlsContexts:
+    """The server's TLS contexts (see the module rules); None where that TLS is off."""
+
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.listener = server_context(cfg) if cfg.tls_port else None
+        self.replication = replication_context(cfg) if cfg.replication_tls else None
+
+    def current_listener(self) -> ssl.SSLContext:
+        assert self.listener is not None
+        return self.listener
+
+    def current_replication(self) -> ssl.SSLContext:
+        assert self.replication is not None
+        return self.replication
+
+    def reload(self) -> None:
+        """Rebuild both contexts from their files (``ConfigError``: neither changes)."""
+        listener = server_context(self.cfg) if self.listener is not None else None
+        replication = replication_context(self.cfg) if self.replication is not None else None
+        if listener is not None:
+            self.listener = listener
+            log.info("TLS certificate reloaded from %s", self.cfg.tls_cert)
+        if replication is not None:
+            self.replication = replication
+            log.info("replication TLS context reloaded (CA %s)", self.cfg.replication_tls_ca)
+
+    def describe(self, port: int) -> str:
+        """The TLS listener for the 'listening' log line."""
+        if not port:
+            return "off"
+        return f"{port} (client certificates required)" if self.cfg.tls_ca else str(port)
 
 
 def is_tls(stream: trio.abc.Stream) -> bool:

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .auth import Authenticator
 from .cluster.store import EtcdStore, Snapshot, StoreUnavailable
 from .users import Users, UsersFileError, check_name, user_record
 
 if TYPE_CHECKING:
-    from .auth import Authenticator
     from .config import ServerConfig
 
 __all__ = ["delete_user", "follow_users", "load_users", "open_users_etcd", "put_user", "users_of"]
@@ -65,8 +65,6 @@ async def load_users(store: EtcdStore, prefix: str) -> Users:
 
 async def open_users_etcd(config: ServerConfig) -> tuple[EtcdStore, Authenticator]:
     """The store and an ``Authenticator`` holding the users in etcd now (module rules)."""
-    from .auth import Authenticator
-
     try:
         store = EtcdStore(config.users_etcd)
     except ValueError as exc:
