@@ -20,6 +20,7 @@ from .errors import (
     OptionError,
     RangeUnavailableError,
     RollbackDetectedError,
+    TlsError,
 )
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "OptionError",
     "RangeUnavailableError",
     "RollbackDetectedError",
+    "TlsError",
     "current_documents",
     "live_changes",
     "register",

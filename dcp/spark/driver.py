@@ -81,9 +81,7 @@ class Planner:
 
     def _fetch(self) -> None:
         if self._client is None:
-            self._client = WireClient(
-                self.cfg.host, self.cfg.port, timeout=self.cfg.timeout
-            ).connect()
+            self._client = WireClient.for_config(self.cfg).connect()
             self._logs.clear()
             self._log_high.clear()
             self._boundaries.clear()
@@ -346,7 +344,7 @@ def server_keeps_history(cfg: SourceConfig) -> bool:
     """Whether the server accepts ``change_streams`` (it keeps a history window); a
     short-lived connection of its own. A server that cannot be reached counts as
     keeping one (the query's own connection will report it)."""
-    client = WireClient(cfg.host, cfg.port, timeout=cfg.timeout)
+    client = WireClient.for_config(cfg)  # credentials too: DCP_OPEN needs the stream privilege
     try:
         client.connect()
         accepted = client.dcp_open(controls={"change_streams": "true"})

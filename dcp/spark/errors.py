@@ -15,6 +15,7 @@ __all__ = [
     "OptionError",
     "RangeUnavailableError",
     "RollbackDetectedError",
+    "TlsError",
 ]
 
 
@@ -86,6 +87,12 @@ class RollbackDetectedError(DcpSparkError):
             "explicit op='rollback' row, or start a new query (new checkpoint)."
         )
         super().__init__(msg)
+
+
+class TlsError(DcpSparkError):
+    """TLS itself failed: the server's certificate is not trusted or does not name the
+    host, the port does not speak TLS, or our client certificate was refused. Never
+    retried: waiting cannot make a certificate trusted."""
 
 
 class RangeUnavailableError(DcpSparkError):

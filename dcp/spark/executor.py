@@ -94,13 +94,9 @@ class _Reader:
     # ------------------------------------------------------------------ connection
 
     def connect(self) -> None:
-        client = WireClient(
-            self.cfg.host,
-            self.cfg.port,
-            timeout=self.cfg.timeout,
-            session=ClientSession(
-                mutation=mutation_row, deletion=deletion_row, expiration=expiration_row
-            ),
+        client = WireClient.for_config(
+            self.cfg,
+            ClientSession(mutation=mutation_row, deletion=deletion_row, expiration=expiration_row),
         )
         client.connect()
         try:

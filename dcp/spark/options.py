@@ -10,7 +10,8 @@ Rules of this module:
   when the batch or stream reader is built (the options of the other mode are refused
   there), with a message naming the option, never later inside an executor.
 - ``SourceConfig`` holds plain values only: it travels to planner and executor processes
-  by pickle.
+  by pickle. Credentials and TLS settings are resolved here too (``security.py``,
+  environment fallbacks included); the password never appears in a message or ``repr``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import OptionError
+from .security import Credentials, TlsFiles, resolve_security
 
 __all__ = ["OPTIONS", "SourceConfig", "parse_options", "parse_vbuckets"]
 
@@ -57,6 +59,16 @@ OPTIONS = {
     "'forever' (or -1) never gives up (default 30)",
     "plancachems": "how long the driver reuses the server's high seqnos (default 250)",
     "arrowbatchrows": "rows per Arrow record batch handed to Spark (default 65536)",
+    "username": "user to log in as (SASL; default: DCP_USERNAME, else no login)",
+    "password": "that user's password (default: DCP_PASSWORD)",
+    "mechanism": "SASL mechanism: SCRAM-SHA512 (default), SCRAM-SHA256 or PLAIN (PLAIN only "
+    "over TLS or to a loopback host)",
+    "tls": "'true': connect with TLS (the system's CAs unless tlsCaFile); 'false': never, "
+    "whatever the environment says (default: on when a CA or client certificate is given)",
+    "tlscafile": "CA file (PEM) to verify the server with; turns TLS on (default: DCP_TLS_CA)",
+    "tlscertfile": "client certificate (PEM, with its key unless tlsKeyFile) for mutual TLS; "
+    "turns TLS on (default: DCP_TLS_CERT)",
+    "tlskeyfile": "the client certificate's key file (default: DCP_TLS_KEY)",
 }
 
 _ALIASES = {
@@ -75,6 +87,10 @@ _NAMES = {
         "port",
         "vbuckets",
         "timeout",
+        "username",
+        "password",
+        "mechanism",
+        "tls",
     )
 } | {
     "startingoffsets": "startingOffsets",
@@ -93,6 +109,9 @@ _NAMES = {
     "retrytimeout": "retryTimeout",
     "plancachems": "planCacheMs",
     "arrowbatchrows": "arrowBatchRows",
+    "tlscafile": "tlsCaFile",
+    "tlscertfile": "tlsCertFile",
+    "tlskeyfile": "tlsKeyFile",
 }
 
 
@@ -114,6 +133,8 @@ class SourceConfig:
     retry_timeout: float = 30.0  # math.inf: retry forever
     plan_cache_seconds: float = 0.25
     arrow_batch_rows: int = 65536
+    credentials: Credentials | None = None  # None: no login
+    tls: TlsFiles | None = None  # None: plain TCP
 
     @property
     def partitions(self) -> int:
@@ -318,4 +339,5 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         kw["plan_cache_seconds"] = _int("planCacheMs", opts["plancachems"], 0) / 1000.0
     if "arrowbatchrows" in opts:
         kw["arrow_batch_rows"] = _int("arrowBatchRows", opts["arrowbatchrows"], 1)
+    kw["credentials"], kw["tls"] = resolve_security(str(kw.get("host", "127.0.0.1")), opts)
     return SourceConfig(**kw)  # type: ignore[arg-type]
