@@ -4,7 +4,9 @@ users file and a TLS port (a trustme certificate), and the options that set them
 
 from __future__ import annotations
 
+import base64
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import trustme
 
 from dcp.consumer import BlockingKvClient
 from dcp.producer.users import add_user
+from dcp.protocol import FrameReader, Opcode, Status, codec
 from dcp.protocol.errors import AccessDenied, AuthenticationError
 from dcp.spark.batch_plan import VbRange
 from dcp.spark.driver import Planner
@@ -282,3 +285,39 @@ def test_environment_fallbacks_and_options_win(pki: Pki, monkeypatch: pytest.Mon
     assert cfg.tls is None  # tls=false wins over DCP_TLS_CA
     assert PASSWORD not in repr(cfg) and "'o'" not in repr(cfg)
     assert PASSWORD not in repr(parse_options({}, streaming=None))
+
+
+def test_a_server_without_the_users_keys_is_not_believed() -> None:
+    """An impostor that answers SUCCESS to any proof fails the client's check of the
+    server's SCRAM signature: no planning call goes to it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    seen: list[int] = []
+
+    def impostor() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            reader = FrameReader()
+            while data := conn.recv(65536):
+                reader.feed(data)
+                for f in reader.read_frames():
+                    seen.append(f.opcode)
+                    status, value = Status.SUCCESS, b""
+                    if f.opcode == Opcode.SASL_AUTH:
+                        nonce = bytes(f.value).split(b"r=")[1]
+                        status = Status.AUTH_CONTINUE
+                        value = b"r=" + nonce + b"xyz,s=" + base64.b64encode(b"salt") + b",i=10"
+                    elif f.opcode == Opcode.SASL_STEP:
+                        value = b"v=" + base64.b64encode(bytes(64))
+                    conn.sendall(codec.response(f.opcode, status, opaque=f.opaque, value=value))
+
+    t = threading.Thread(target=impostor, daemon=True)
+    t.start()
+    try:
+        cfg = _cfg(port, username="spark", password=PASSWORD)
+        with pytest.raises(AuthenticationError, match="signature is wrong"):
+            Planner(cfg).refresh(force=True)
+    finally:
+        listener.close()
+        t.join(10)
+    assert Opcode.SASL_STEP in seen and Opcode.GET_ALL_VB_SEQNOS not in seen
