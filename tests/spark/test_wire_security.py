@@ -321,3 +321,23 @@ def test_a_server_without_the_users_keys_is_not_believed() -> None:
         listener.close()
         t.join(10)
     assert Opcode.SASL_STEP in seen and Opcode.GET_ALL_VB_SEQNOS not in seen
+
+
+@pytest.mark.spark
+def test_spark_read_with_credentials_over_tls(
+    spark: object, server: ThreadServer, pki: Pki
+) -> None:
+    """The one JVM test: the options reach Spark's planner and its Python workers."""
+    df = (
+        spark.read.format("dcp")  # type: ignore[attr-defined]
+        .option("port", server.server.tls_port)
+        .option("username", "spark")
+        .option("password", PASSWORD)
+        .option("tlsCaFile", str(pki.ca_file))
+        .option("numPartitions", 2)
+        .load()
+    )
+    rows = df.select("key", "value").collect()
+    assert {r["key"]: bytes(r["value"]) for r in rows} == {
+        k.decode(): v for k, v in EXPECTED.items()
+    }
