@@ -149,7 +149,7 @@ class Gate:
         self.sasl = SaslServer(self._lookup, allow_plain=allow_plain)
         self.requests: dict[int, Handler] = {}
         self._deny_weakly = _weakly(self._deny)
-        self._sasl_handlers = {
+        self._sasl_handlers: dict[int, Handler] = {
             Opcode.SASL_LIST_MECHS: _weakly(self._list_mechs),
             Opcode.SASL_AUTH: _weakly(self._auth),
             Opcode.SASL_STEP: _weakly(self._step),

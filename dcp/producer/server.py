@@ -177,7 +177,7 @@ class DcpServer:
                 bg.start_soon(guard_output, self)
                 if self.authenticator is not None:
                     bg.start_soon(self.authenticator.enforce_auth_timeout, self.config.auth_timeout)
-                if users_store is not None:
+                if users_store is not None and self.authenticator is not None:
                     bg.start_soon(
                         follow_users, self.authenticator, users_store, self.config.users_etcd_prefix
                     )

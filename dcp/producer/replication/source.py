@@ -188,5 +188,8 @@ class SourceConnection:
         while True:
             nxt = table.serve_due(trio.current_time())
             table.due_wake = trio.Event()
-            with trio.move_on_after(math.inf if nxt is None else nxt - trio.current_time()):
+            # serve_due took a moment: the next due time may already have passed
+            with trio.move_on_after(
+                math.inf if nxt is None else max(0.0, nxt - trio.current_time())
+            ):
                 await table.due_wake.wait()
