@@ -331,7 +331,11 @@ class DcpServer:
         await self._open_users()  # before the nursery: a refusal is raised as it is
         stack = contextlib.AsyncExitStack()
         nursery = await stack.enter_async_context(trio.open_nursery())
-        await nursery.start(self.run)
+        try:
+            await nursery.start(self.run)
+        except BaseException:
+            await stack.aclose()  # a run that failed to start leaves no nursery open
+            raise
         self._exit_stack = stack
         return self
 
