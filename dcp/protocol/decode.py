@@ -152,14 +152,10 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
                     item = mk_mut(vb, by, rev, cas, flg, exp, lk, dt, buf[a:b], buf[b:end])
                 elif op == 0x58 and el == 18:
                     by, rev = _HDR_DEL1(buf, pos)[9:11]
-                    item = session.deletion(
-                        vb, by, rev, cas, dt, buf[a:b], buf[b:end], None
-                    )
+                    item = session.deletion(vb, by, rev, cas, dt, buf[a:b], buf[b:end], None)
                 elif op == 0x58 and el == 21:
                     by, rev, dtime = _HDR_DEL2(buf, pos)[9:12]
-                    item = session.deletion(
-                        vb, by, rev, cas, dt, buf[a:b], buf[b:end], dtime
-                    )
+                    item = session.deletion(vb, by, rev, cas, dt, buf[a:b], buf[b:end], dtime)
                 elif op == 0x59 and el == 20:
                     by, rev, dtime = _HDR_EXP(buf, pos)[9:12]
                     item = session.expiration(vb, by, rev, cas, buf[a:b], dtime)
