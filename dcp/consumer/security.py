@@ -22,7 +22,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import ssl
@@ -34,7 +33,7 @@ import trio
 from dcp.protocol import codec
 from dcp.protocol.errors import AuthenticationError, for_status
 from dcp.protocol.opcodes import Status
-from dcp.protocol.sasl import MECHANISMS, SaslClient
+from dcp.protocol.sasl import MECHANISMS, SaslClient, is_loopback_host
 
 from .errors import TlsError, UsageError
 
@@ -152,16 +151,6 @@ def client_tls_context(
         raise UsageError(f"cannot load TLS files (ca={ca!r} cert={cert!r}): {exc}") from exc
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     return ctx
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` is this machine: "localhost", 127.0.0.0/8 or ::1."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_plain(host: str, credentials: Credentials | None, tls: object) -> None:

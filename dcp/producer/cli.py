@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gc
-import ipaddress
 import logging
 import os
 import signal
@@ -41,6 +40,7 @@ from pathlib import Path
 import trio
 
 from ..protocol.errors import StatusError
+from ..protocol.sasl import is_loopback_host
 from .config import ConfigError, ServerConfig, add_arguments, load_config
 from .engine.datafiles import set_aside_damaged
 from .engine.errors import DataDirError
@@ -64,16 +64,6 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
         stream=sys.stderr,
     )
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether listening on ``host`` is reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name or "" (every interface): not provably local
-        return False
 
 
 def auth_refusal(cfg: ServerConfig) -> str:

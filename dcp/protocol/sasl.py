@@ -26,6 +26,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ __all__ = [
     "SaslResult",
     "SaslServer",
     "ScramCredentials",
+    "is_loopback_host",
     "make_credentials",
 ]
 
@@ -426,3 +428,15 @@ class SaslClient:
             raise AuthenticationError(
                 Status.AUTH_ERROR, "the server's signature is wrong: it does not hold our keys"
             )
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` names this machine: "localhost", 127.0.0.0/8 or ::1 (brackets
+    allowed). PLAIN sends the password in clear, so clients and the server allow it
+    without TLS only there. A host name or "" (every interface) is not provably local."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -22,13 +22,12 @@ Rules of this module:
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dcp.protocol.sasl import MECHANISMS
+from dcp.protocol.sasl import MECHANISMS, is_loopback_host
 
 from .errors import OptionError
 
@@ -79,16 +78,6 @@ def mechanism_name(text: str) -> str:
     if name not in MECHANISMS:
         raise OptionError(f"option mechanism={text!r}: expected one of {', '.join(MECHANISMS)}")
     return name
-
-
-def is_loopback_host(host: str) -> bool:
-    """Whether ``host`` is this machine: "localhost", 127.0.0.0/8 or ::1."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_plain(host: str, credentials: Credentials | None, tls: bool) -> None:
