@@ -55,6 +55,26 @@ def _seqnos(port: int, timeout: float) -> tuple[dict[int, int], dict[int, int]]:
     return high, persisted
 
 
+def _until_caught_up(
+    ctx: Ctx, replica: OurServer, target: dict[int, int], t0: float
+) -> tuple[float | None, float | None, dict[int, int]]:
+    """Poll the replica until its high seqnos, then its persisted seqnos, equal
+    ``target`` (or the timeout): seconds since ``t0`` for each (None: not reached) and
+    the high seqnos last seen."""
+    applied_s = persisted_s = None
+    high: dict[int, int] = {}
+    while time.perf_counter() - t0 < ctx.o.timeout:
+        high, persisted = _seqnos(replica.port, ctx.o.timeout)
+        now = time.perf_counter() - t0
+        if applied_s is None and high == target:
+            applied_s = now
+        if applied_s is not None and persisted == target:
+            persisted_s = now
+            break
+        time.sleep(POLL)
+    return applied_s, persisted_s, high
+
+
 def wait_replicating(replica: OurServer, source: str, vbuckets: int, timeout: float) -> float:
     """Until the replica's connection to ``source`` is up and every vbucket streams
     (``STAT replication``); returns the seconds it took."""
@@ -114,17 +134,7 @@ def _throughput_run(ctx: Ctx, items: int) -> dict[str, Any]:
             w.close()
         written_s = time.perf_counter() - t0
         target, _ = _seqnos(active.port, ctx.o.timeout)
-        applied_s = persisted_s = None
-        high: dict[int, int] = {}
-        while time.perf_counter() - t0 < ctx.o.timeout:
-            high, persisted = _seqnos(replica.port, ctx.o.timeout)
-            now = time.perf_counter() - t0
-            if applied_s is None and high == target:
-                applied_s = now
-            if applied_s is not None and persisted == target:
-                persisted_s = now
-                break
-            time.sleep(POLL)
+        applied_s, persisted_s, high = _until_caught_up(ctx, replica, target, t0)
         prof.stop()
         if persisted_s is None or applied_s is None:
             raise BenchError(
@@ -174,17 +184,7 @@ def _catchup_run(ctx: Ctx, items: int) -> dict[str, Any]:
         replica = ctx.server(sc, "replica", replica_of=f"127.0.0.1:{active.port}")
         servers.append(replica)
         cpu0 = replica.cpu_split()
-        applied_s = persisted_s = None
-        high: dict[int, int] = {}
-        while time.perf_counter() - t0 < ctx.o.timeout:
-            high, persisted = _seqnos(replica.port, ctx.o.timeout)
-            now = time.perf_counter() - t0
-            if applied_s is None and high == target:
-                applied_s = now
-            if applied_s is not None and persisted == target:
-                persisted_s = now
-                break
-            time.sleep(POLL)
+        applied_s, persisted_s, high = _until_caught_up(ctx, replica, target, t0)
         if persisted_s is None or applied_s is None:
             raise BenchError(f"the replica did not catch up within {ctx.o.timeout:g}s")
         res = {
