@@ -95,3 +95,31 @@ def test_bucket_config_needs_every_address() -> None:
     m = compute_map(["n1", "n2"], 4, 1)
     with pytest.raises(ValueError, match="no address for map server\\(s\\): n2"):
         bucket_config(m, {"n1": "127.0.0.1:1"}, 1, None)
+
+
+def test_forward_chains_round_trip_and_name_what_moves():
+    m = VBucketMap.from_names(1, [("a", "b"), ("b", "a")], forward=[("a", "b"), ("c", "a")])
+    assert m.servers == ("a", "b", "c")
+    assert m.moving() == [1]
+    assert m.forward_names(0) is None
+    assert m.forward_names(1) == ("c", "a")
+    back = VBucketMap.from_json(m.to_json())
+    assert back == m and back.forward == ((0, 1), (2, 0))
+    assert b'"vBucketMapForward":[[0,1],[2,0]]' in m.to_json()
+    config = bucket_config(m, {"a": "h:1", "b": "h:2", "c": "h:3"}, 7, "a")
+    assert config["vBucketServerMap"]["vBucketMapForward"] == [[0, 1], [2, 0]]
+    plain = VBucketMap.from_names(1, [("a", "b"), ("b", "a")])
+    assert plain.moving() == [] and b"Forward" not in plain.to_json()
+    assert (
+        "vBucketMapForward"
+        not in bucket_config(plain, {"a": "h:1", "b": "h:2"}, 1, None)["vBucketServerMap"]
+    )
+
+
+def test_a_forward_chain_that_repeats_a_node_is_refused():
+    with pytest.raises(ValueError, match="repeats a node"):
+        VBucketMap.from_names(1, [("a", "b")], forward=[("a", "a")])
+    doc = json.loads(VBucketMap.from_names(1, [("a", "b")]).to_json())
+    doc["vBucketMapForward"] = [[0, 5]]
+    with pytest.raises(ValueError, match="points outside"):
+        VBucketMap.from_json(json.dumps(doc))

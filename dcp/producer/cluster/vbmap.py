@@ -10,6 +10,11 @@ Rules of this module:
 - ``VBucketMap.from_json`` accepts only a well-formed map, and with ``known`` only one
   that names known nodes: anything else is a ``ValueError`` that says what is wrong and
   where, so a bad map in etcd is refused rather than acted on.
+- During a rebalance a map carries ``forward`` (Couchbase's ``vBucketMapForward``): per
+  vbucket the chain it is moving to, the same shape as ``chains`` (a vbucket not moving
+  has its current chain there). Nodes build the copies it names from the current active;
+  the orchestrator switches a vbucket to its forward chain once they are built (and its
+  active has been taken over). Servers named only by ``forward`` are in ``servers`` too.
 - ``compute_map`` and ``moves`` live in cluster/placement.py; ``bucket_config`` builds
   the Couchbase-style bucket config JSON that GET_CLUSTER_CONFIG and NOT_MY_VBUCKET
   carry (the shape clients route with: ``vBucketServerMap.serverList`` and
@@ -35,9 +40,13 @@ class VBucketMap:
     num_replicas: int
     servers: tuple[str, ...]
     chains: tuple[tuple[int, ...], ...]
+    #: the chains being moved to (a rebalance in flight), else None
+    forward: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
+        if self.forward is not None:
+            _validate(VBucketMap(self.num_vbuckets, self.num_replicas, self.servers, self.forward))
 
     @classmethod
     def from_names(
@@ -45,29 +54,51 @@ class VBucketMap:
         num_replicas: int,
         chains: Sequence[Sequence[str | None]],
         servers: Sequence[str] | None = None,
+        forward: Sequence[Sequence[str | None]] | None = None,
     ) -> VBucketMap:
         """A map from chains of node names (None: no node). ``servers``: the server list
-        (default: the nodes named, sorted); a node may be listed and hold nothing."""
+        (default: the nodes named, sorted); a node may be listed and hold nothing.
+        ``forward``: the chains a rebalance is moving to (see the module rules)."""
+        named = [c for c in chains] + (list(forward) if forward is not None else [])
         if servers is None:
-            servers = sorted({n for chain in chains for n in chain if n is not None})
+            servers = sorted({n for chain in named for n in chain if n is not None})
         index = {n: i for i, n in enumerate(servers)}
-        unknown = {n for chain in chains for n in chain if n is not None} - index.keys()
+        unknown = {n for chain in named for n in chain if n is not None} - index.keys()
         if unknown:
             raise ValueError(f"chains name node(s) not in servers: {', '.join(sorted(unknown))}")
         width = num_replicas + 1
-        out = []
-        for vb, chain in enumerate(chains):
-            if len(chain) > width:
-                raise ValueError(f"vb {vb}: {len(chain)} copies, more than {width}")
-            padded = [index[n] if n is not None else -1 for n in chain]
-            out.append(tuple(padded + [-1] * (width - len(padded))))
-        return cls(len(chains), num_replicas, tuple(servers), tuple(out))
+
+        def indexed(source: Sequence[Sequence[str | None]]) -> tuple[tuple[int, ...], ...]:
+            out = []
+            for vb, chain in enumerate(source):
+                if len(chain) > width:
+                    raise ValueError(f"vb {vb}: {len(chain)} copies, more than {width}")
+                padded = [index[n] if n is not None else -1 for n in chain]
+                out.append(tuple(padded + [-1] * (width - len(padded))))
+            return tuple(out)
+
+        fwd = indexed(forward) if forward is not None else None
+        if fwd is not None and len(fwd) != len(chains):
+            raise ValueError(f"{len(fwd)} forward chains for {len(chains)} vbuckets")
+        return cls(len(chains), num_replicas, tuple(servers), indexed(chains), fwd)
 
     # -- reading ------------------------------------------------------------------------
 
     def names(self, vb: int) -> tuple[str | None, ...]:
         """The chain of ``vb`` as node names (None: no node)."""
         return tuple(self.servers[i] if i >= 0 else None for i in self.chains[vb])
+
+    def forward_names(self, vb: int) -> tuple[str | None, ...] | None:
+        """The chain ``vb`` is moving to, or None when it is not moving."""
+        if self.forward is None or self.forward[vb] == self.chains[vb]:
+            return None
+        return tuple(self.servers[i] if i >= 0 else None for i in self.forward[vb])
+
+    def moving(self) -> list[int]:
+        """The vbuckets whose forward chain differs from their chain."""
+        if self.forward is None:
+            return []
+        return [vb for vb in range(self.num_vbuckets) if self.forward[vb] != self.chains[vb]]
 
     def active(self, vb: int) -> str | None:
         i = self.chains[vb][0]
@@ -95,15 +126,15 @@ class VBucketMap:
     # -- JSON ---------------------------------------------------------------------------
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "numVBuckets": self.num_vbuckets,
-                "numReplicas": self.num_replicas,
-                "serverList": list(self.servers),
-                "vBucketMap": [list(c) for c in self.chains],
-            },
-            separators=(",", ":"),
-        ).encode()
+        doc: dict[str, Any] = {
+            "numVBuckets": self.num_vbuckets,
+            "numReplicas": self.num_replicas,
+            "serverList": list(self.servers),
+            "vBucketMap": [list(c) for c in self.chains],
+        }
+        if self.forward is not None:
+            doc["vBucketMapForward"] = [list(c) for c in self.forward]
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def from_json(cls, data: bytes | str, known: Collection[str] | None = None) -> VBucketMap:
@@ -123,7 +154,12 @@ class VBucketMap:
             raise ValueError("vbucket map: serverList must be a list of node names")
         if not isinstance(chains, list) or not all(isinstance(c, list) for c in chains):
             raise ValueError("vbucket map: vBucketMap must be a list of chains")
-        for vb, chain in enumerate(chains):
+        forward = doc.get("vBucketMapForward")
+        if forward is not None and (
+            not isinstance(forward, list) or not all(isinstance(c, list) for c in forward)
+        ):
+            raise ValueError("vbucket map: vBucketMapForward must be a list of chains")
+        for vb, chain in enumerate(chains + (forward or [])):
             if not all(type(i) is int for i in chain):
                 raise ValueError(f"vbucket map: vb {vb}: chain {chain} holds a non-integer")
         m = cls(
@@ -131,6 +167,7 @@ class VBucketMap:
             _int(doc["numReplicas"], "numReplicas"),
             tuple(servers),
             tuple(tuple(c) for c in chains),
+            tuple(tuple(c) for c in forward) if forward is not None else None,
         )
         if known is not None:
             unknown = sorted(set(m.servers) - set(known))
@@ -224,6 +261,11 @@ def bucket_config(
             "numReplicas": vbmap.num_replicas,
             "serverList": [addresses[s] for s in vbmap.servers],
             "vBucketMap": [list(c) for c in vbmap.chains],
+            **(
+                {"vBucketMapForward": [list(c) for c in vbmap.forward]}
+                if vbmap.forward is not None
+                else {}
+            ),
         },
         "clusterCapabilitiesVer": [1, 0],
         "clusterCapabilities": {},
