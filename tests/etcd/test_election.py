@@ -10,7 +10,7 @@ import trio
 
 from dcp.producer.cluster.election import Election, Leadership, read_map
 from dcp.producer.cluster.placement import compute_map
-from dcp.producer.cluster.store import EtcdStore
+from dcp.producer.cluster.store import EtcdStore, Guard
 
 from .conftest import EtcdProcess
 
@@ -117,3 +117,44 @@ async def test_two_holders_writing_concurrently_cannot_both_win(
             nursery.start_soon(write, nodes)
     assert sum(r is not None for r in results) == 1
     await store.revoke_lease(lease)
+
+
+async def test_two_orchestrators_racing_on_one_revision(
+    stores: list[EtcdStore], cluster_name: str
+) -> None:
+    """Two orchestrators (separate stores) both read revision r and both write: exactly
+    one write lands; after the office changes hands, the deposed term cannot write even
+    with the current revision; a guard on a failed node's key makes a failover's write
+    fail once the node is back."""
+    a, b = stores[0], stores[1]
+    lease_a, _ = await a.grant_lease(10)
+    lead_a = await Election(a, cluster_name, "a", "ua").campaign(lease_a)
+    rev = await lead_a.write_map(compute_map(["a", "b"], 16, 1), 0)
+    assert rev is not None
+    # a second Leadership object for the same term: what a stale copy would hold
+    twin = Leadership(b, cluster_name, "a", lead_a.term)
+    results: list[int | None] = []
+
+    async def write(lead: Leadership, nodes: list[str]) -> None:
+        current, r = await read_map(lead.store, cluster_name)
+        assert r == rev
+        await trio.sleep(0.05)  # both have read r before either writes
+        results.append(await lead.write_map(compute_map(nodes, 16, 1, current), r))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write, lead_a, ["a"])
+        nursery.start_soon(write, twin, ["b"])
+    assert sorted(r is not None for r in results) == [False, True]
+    # a new term: the old one cannot write on the revision now current
+    await a.revoke_lease(lease_a)
+    lease_b, _ = await b.grant_lease(10)
+    lead_b = await Election(b, cluster_name, "b", "ub").campaign(lease_b)
+    _, now = await read_map(b, cluster_name)
+    assert await lead_a.write_map(compute_map(["a"], 16, 1), now) is None
+    node_key = f"/dcp/{cluster_name}/nodes/a"
+    await b.put(node_key, b"{}")  # the failed node is back before the failover's write
+    gone = Guard(node_key, 0)
+    assert await lead_b.write_map(compute_map(["b"], 16, 1), now, guards=[gone]) is None
+    await b.delete(node_key)
+    assert await lead_b.write_map(compute_map(["b"], 16, 1), now, guards=[gone]) is not None
+    await b.revoke_lease(lease_b)

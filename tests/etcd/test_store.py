@@ -173,3 +173,24 @@ async def test_silent_etcd_times_out() -> None:
             await store.get("/k")
         assert trio.current_time() - start < 3.0
         await store.aclose()
+
+
+async def test_several_guards_must_all_hold(store: EtcdStore, cluster_name: str) -> None:
+    """``guards``: every one is compared; create revision 0 means "absent"."""
+    leader, node, k = (f"/{cluster_name}/{n}" for n in ("leader", "nodes/n1", "map"))
+    term = await store.compare_and_put(leader, b"a", mod_revision=0)
+    assert term is not None
+    absent = Guard(node, 0)
+    rev = await store.compare_and_put(
+        k, b"v1", mod_revision=0, guard=Guard(leader, term), guards=[absent]
+    )
+    assert rev is not None
+    await store.put(node, b"back")  # the node came back: the absent-guard fails
+    assert (
+        await store.compare_and_put(k, b"v2", mod_revision=rev, guards=[Guard(leader, term), absent])
+        is None
+    )
+    # the leader guard alone still holds: the failure above was the second guard's
+    assert await store.compare_and_put(k, b"v2", mod_revision=rev, guards=[Guard(leader, term)])
+    got = await store.get(k)
+    assert got is not None and got.value == b"v2"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +46,7 @@ class ElectionStore(Protocol):
         mod_revision: int,
         lease: int = 0,
         guard: Guard | None = None,
+        guards: Sequence[Guard] = (),
     ) -> int | None: ...
     async def delete(self, key: str, *, mod_revision: int | None = None) -> bool: ...
     def follow(self, prefix: str, *, interval: float = 0.25) -> AsyncIterator[Snapshot]: ...
@@ -79,14 +80,18 @@ class Leadership:
     def guard(self) -> Guard:
         return Guard(self.key, self.term)
 
-    async def write_map(self, vbmap: VBucketMap, expect_revision: int) -> int | None:
-        """Store ``vbmap`` if the stored map is still at ``expect_revision`` (0: none) and
-        this term still holds. Returns the map's new revision (its epoch) or None."""
+    async def write_map(
+        self, vbmap: VBucketMap, expect_revision: int, guards: Sequence[Guard] = ()
+    ) -> int | None:
+        """Store ``vbmap`` if the stored map is still at ``expect_revision`` (0: none),
+        this term still holds and every one of ``guards`` holds too (a failover guards
+        on the failed node's key being absent: it fails if the node came back). Returns
+        the map's new revision (its epoch) or None."""
         return await self.store.compare_and_put(
             map_key(self.cluster),
             vbmap.to_json(),
             mod_revision=expect_revision,
-            guard=self.guard(),
+            guards=[self.guard(), *guards],
         )
 
     async def holds(self) -> bool:

@@ -12,7 +12,8 @@ Rules of this module:
   no longer knows (it expired or was revoked) is a fact, not an outage: ``LeaseExpired``.
 - Conditional writes are single etcd transactions: ``compare_and_put`` puts only if the
   key's mod revision is the one given (0: only if absent) and, with a ``Guard``, only if
-  another key still exists with the create revision given. The orchestrator writes the
+  another key still exists with the create revision given (several guards: all must
+  hold; create revision 0: the key must be absent). The orchestrator writes the
   map guarded by its election key (cluster/election.py), so a deposed orchestrator cannot
   write a map even if it has not yet noticed it was deposed.
 - Changes are followed by polling (``follow``), not with etcd3gw's watch: that watch reads
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -239,19 +240,22 @@ class EtcdStore:
         mod_revision: int,
         lease: int = 0,
         guard: Guard | None = None,
+        guards: Sequence[Guard] = (),
     ) -> int | None:
         """Put only if ``key``'s mod revision is ``mod_revision`` (0: the key is absent) and
-        the guard holds. Returns the new mod revision, or None when a condition failed."""
+        every guard holds (``guard`` and ``guards`` alike; a guard with create revision 0
+        holds while its key is absent: etcd compares a missing key's create revision as
+        0). Returns the new mod revision, or None when a condition failed."""
         compare: list[dict[str, Any]] = [
             {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": mod_revision}
         ]
-        if guard is not None:
+        for g in ([guard] if guard is not None else []) + list(guards):
             compare.append(
                 {
-                    "key": _b64(guard.key),
+                    "key": _b64(g.key),
                     "result": "EQUAL",
                     "target": "CREATE",
-                    "create_revision": guard.create_revision,
+                    "create_revision": g.create_revision,
                 }
             )
         put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
