@@ -187,7 +187,9 @@ async def test_several_guards_must_all_hold(store: EtcdStore, cluster_name: str)
     assert rev is not None
     await store.put(node, b"back")  # the node came back: the absent-guard fails
     assert (
-        await store.compare_and_put(k, b"v2", mod_revision=rev, guards=[Guard(leader, term), absent])
+        await store.compare_and_put(
+            k, b"v2", mod_revision=rev, guards=[Guard(leader, term), absent]
+        )
         is None
     )
     # the leader guard alone still holds: the failure above was the second guard's
