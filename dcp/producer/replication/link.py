@@ -265,6 +265,21 @@ class Link:
         if window and not ok["connection_buffer_size"]:
             s.flow.enabled = False
 
+    async def login(self, name: str, auth: SourceAuth | None = None) -> None:
+        """HELLO and, with ``auth``, SASL: no DCP_OPEN. For a plain request/answer
+        connection (cluster/control.py); raises ``LinkLost`` as ``handshake`` does."""
+        o = self.session.expect(self.session.next_opaque())
+        reqs = [(o, codec.hello(name, _FEATURES, opaque=o))]
+        if auth is not None:
+            await self._authenticate(auth, reqs)
+        else:
+            await self._call(reqs)
+
+    async def call(self, reqs: list[tuple[int, bytes]]) -> list[Frame]:
+        """Send ``reqs`` ((opaque, frame) pairs the session ``expect``s) in one write and
+        return their answers in order; ``LinkLost`` on any failure."""
+        return await self._call(reqs)
+
     async def _call(self, reqs: list[tuple[int, bytes]]) -> list[Frame]:
         """Send ``reqs`` in one write; their answers in order."""
         await self._send_all(b"".join(data for _, data in reqs))
