@@ -15,7 +15,9 @@ codes"):
     1  a runtime error stopped the server (port in use, an LMDB error at open...), or a
        second signal cut the graceful stop short
     2  bad settings (a users file that does not load, a public address without one,
-       ``users_etcd`` not answering at start or holding a record that does not load)
+       ``users_etcd`` not answering at start or holding a record that does not load,
+       ``cluster``: etcd not answering at start, or the join refused — a node name
+       held by a live node, another vbucket count, another cluster's data directory)
     3  refused to start: the data directory is damaged (truncated, emptied or missing
        data file; ``datafiles.py``); nothing was changed. ``--reset-data`` sets a damaged
        data file aside and starts empty (an intact store is never touched)
@@ -41,6 +43,8 @@ import trio
 
 from ..protocol.errors import StatusError
 from ..protocol.sasl import is_loopback_host
+from .cluster.membership import JoinRefused
+from .cluster.store import StoreUnavailable
 from .config import ConfigError, ServerConfig, add_arguments, load_config
 from .engine.datafiles import set_aside_damaged
 from .engine.errors import DataDirError
@@ -172,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if isinstance(leaf, UsersFileError):  # users_etcd: etcd silent or a bad record
             print(f"dcp-server: refusing to start: {leaf}", file=sys.stderr)
+            return EXIT_USAGE
+        if isinstance(leaf, JoinRefused | StoreUnavailable):  # cluster: cannot join
+            print(f"dcp-server: refusing to join cluster: {leaf}", file=sys.stderr)
             return EXIT_USAGE
         if isinstance(leaf, DataDirError):
             print(f"dcp-server: refusing to start: {leaf.detail}", file=sys.stderr)

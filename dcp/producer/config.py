@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -118,6 +119,27 @@ class ServerConfig:
     #: The flusher and backfills run Python in worker threads; at CPython's 5 ms default
     #: the event loop could wait that long behind them (write-to-delivery p99).
     gil_switch_interval: float = 0.0005
+    #: etcd endpoint (``http://127.0.0.1:2379``) of the cluster this node joins
+    #: (docs/cluster.md); empty: a single node. Exclusive with ``replica_of``.
+    cluster: str = ""
+    #: This node's name in the cluster (required with ``cluster``; unique, stable: the
+    #: data directory remembers it).
+    node_name: str = ""
+    #: The cluster's name: its keys in etcd live under ``/dcp/<cluster_name>/``.
+    cluster_name: str = "default"
+    #: Seconds of the node's etcd lease: a node that cannot renew it fences itself before
+    #: it could expire, and the orchestrator counts a node down once it has.
+    cluster_lease_ttl: int = 5
+    #: Seconds a node's lease must have been gone before the orchestrator fails it over.
+    auto_failover_timeout: float = 10.0
+    #: Automatic failovers allowed until an operator resets the count.
+    auto_failover_max_count: int = 1
+    #: Replica copies of each vbucket the orchestrator places (0..3).
+    num_replicas: int = 1
+    #: Vbuckets a rebalance moves at a time.
+    rebalance_moves: int = 32
+    #: Seconds one vbucket move may take before it is rolled back.
+    move_timeout: float = 120.0
 
     def validate(self) -> ServerConfig:
         n = self.num_vbuckets
@@ -183,13 +205,47 @@ class ServerConfig:
             host, sep, port = value.rpartition(":")
             if value and (not sep or not host or not port.isdigit() or not 0 < int(port) < 65536):
                 raise ConfigError(f"{name} must be HOST:PORT, not {value!r}")
+        self._validate_cluster()
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(
                 f"log_level must be DEBUG, INFO, WARNING or ERROR, not {self.log_level}"
             )
         return self
 
+    def _validate_cluster(self) -> None:
+        if self.cluster:
+            if not self.node_name:
+                raise ConfigError("cluster needs node_name (this node's unique name)")
+            if self.replica_of:
+                raise ConfigError(
+                    "give cluster or replica_of, not both (the cluster map decides replicas)"
+                )
+            if not self.cluster.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"cluster must be an etcd URL http://HOST:PORT, not {self.cluster!r}"
+                )
+        for name in ("node_name", "cluster_name"):
+            value = getattr(self, name)
+            if not _NAME.fullmatch(value) and (value or name == "cluster_name"):
+                raise ConfigError(
+                    f"{name} must be 1..64 letters, digits, '.', '_' or '-', not {value!r}"
+                )
+        if not 2 <= self.cluster_lease_ttl <= 300:
+            raise ConfigError(f"cluster_lease_ttl must be 2..300 s, not {self.cluster_lease_ttl}")
+        if not 0 <= self.num_replicas <= 3:
+            raise ConfigError(f"num_replicas must be 0..3, not {self.num_replicas}")
+        if self.auto_failover_max_count < 0:
+            raise ConfigError(
+                f"auto_failover_max_count must be >= 0, not {self.auto_failover_max_count}"
+            )
+        if self.rebalance_moves < 1:
+            raise ConfigError(f"rebalance_moves must be positive, not {self.rebalance_moves}")
+        for name in ("auto_failover_timeout", "move_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
 
+
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 

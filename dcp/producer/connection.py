@@ -56,6 +56,7 @@ __all__ = ["Connection", "Pending"]
 log = logging.getLogger("dcp.conn")
 _ids = itertools.count(1)
 _CONTINUATION_STEP = 32 * 1024
+_NMVB = int(Status.NOT_MY_VBUCKET)
 
 
 def error_frame(opcode: int, status: int, opaque: int, message: str = "") -> bytes:
@@ -162,7 +163,16 @@ class Connection:
         self._wake.set()
 
     def error(self, opcode: int, status: int, opaque: int, message: str = "") -> None:
-        """Queue an error response (see ``error_frame``)."""
+        """Queue an error response (see ``error_frame``). In cluster mode a NOT_MY_VBUCKET
+        answer carries the bucket config instead of the context, as Couchbase's does:
+        the client learns where the vbucket lives from the answer itself."""
+        if status == _NMVB:
+            config = self.server.cluster.nmvb_body()
+            if config:
+                self.respond(
+                    codec.response(opcode, status, opaque=opaque, value=config, datatype=1)
+                )
+                return
         self.respond(error_frame(opcode, status, opaque, message))
 
     def mark_ready(self, stream: ActiveStream) -> None:

@@ -64,6 +64,7 @@ OPCODE_PRIVILEGES: Mapping[int, str | None] = {
     Opcode.NOOP: None,
     Opcode.VERSION: None,
     Opcode.GET_VBUCKET: None,  # where a vbucket lives: clients need it to route
+    Opcode.GET_CLUSTER_CONFIG: None,  # the same, for every vbucket
     Opcode.SASL_LIST_MECHS: None,
     Opcode.SASL_AUTH: None,
     Opcode.SASL_STEP: None,

@@ -1,5 +1,5 @@
 """KV requests on the DCP port: HELLO, VERSION, NOOP, GET, SET/ADD/REPLACE, DELETE, STAT,
-GET_ALL_VB_SEQNOS.
+GET_ALL_VB_SEQNOS, GET_CLUSTER_CONFIG.
 
 Rules of this module:
 - Handlers are synchronous: parse (peer input -> ``RemoteProtocolError`` -> EINVAL by the
@@ -13,7 +13,11 @@ Rules of this module:
 - STAT answers are produced lazily (``stats.stat_units`` through
   ``Connection.continue_with``): a group over every vbucket is encoded in steps.
 - Writes are refused with ETMPFAIL while storage is failing or checkpoint memory is far
-  over quota: accepting them would only grow memory that cannot be flushed.
+  over quota: accepting them would only grow memory that cannot be flushed. In cluster
+  mode also while the node's write gate (``server.write_gate``, cluster/agent.py) is
+  closed: it is asked on every write request and at the start of every ``set_run``,
+  synchronously, because a process that was frozen may serve requests before its
+  fencing task runs (a single node has no gate: one None check).
 - ``set_run`` is the pipelined-ingest path the connection's reader takes for a run of
   plain SETs (magic 0x80, 8-byte extras, no framing extras, no CAS) straight from the
   received bytes: the same checks, engine effect and response as ``store``, without a
@@ -42,6 +46,7 @@ from ..protocol.layout import (
     vbucket_for_key,
 )
 from ..protocol.opcodes import (
+    Datatype,
     DurabilityLevel,
     FrameInfoId,
     HelloFeature,
@@ -80,6 +85,10 @@ _HDR_STORE = HDR_STORE.unpack_from  # request header + SET extras
 _STORE_HEAD = HDR_STORE.size  # where a SET's key starts
 _STORE_EXTRAS = STORE_EXTRAS.size
 _SEQNO_EXTRAS = MUTATION_SEQNO.size
+_FENCED = (
+    "temporary failure: this node may not take writes now (fenced from the cluster, or "
+    "not yet in its map); retry, or ask GET_CLUSTER_CONFIG where the vbucket lives"
+)
 
 
 def hello(conn: Connection, f: Frame) -> None:
@@ -139,6 +148,10 @@ def _write_response(conn: Connection, f: Frame, result: MutationResult) -> bytes
 
 
 def _writable(conn: Connection, f: Frame) -> bool:
+    gate = conn.server.write_gate
+    if gate is not None and not gate():
+        conn.error(f.opcode, Status.ETMPFAIL, f.opaque, _FENCED)
+        return False
     reason = conn.server.persistence.write_refusal()
     if reason:
         conn.error(f.opcode, Status.ETMPFAIL, f.opaque, reason)
@@ -234,6 +247,9 @@ def set_run(
     one notification per vbucket for the whole run (``Bucket.queued_many``).
     """
     server = conn.server
+    gate = server.write_gate
+    if gate is not None and not gate():
+        return pos, 0  # ``store`` answers each ETMPFAIL
     bucket = server.bucket
     vbs = server.vbuckets
     nvb = bucket.num_vbuckets
@@ -354,6 +370,20 @@ def _stat_frames(units: Iterator[Pairs], opaque: int) -> Iterator[bytes]:
     yield response(Opcode.STAT, opaque=opaque)
 
 
+def get_cluster_config(conn: Connection, f: Frame) -> None:
+    if f.key or f.extras or f.value:
+        raise RemoteProtocolError("GET_CLUSTER_CONFIG takes no key, extras or value")
+    config = conn.server.cluster.config_json()
+    if not config:
+        conn.error(f.opcode, Status.ETMPFAIL, f.opaque, "no cluster map yet; retry")
+        return
+    conn.respond(
+        codec.response(
+            Opcode.GET_CLUSTER_CONFIG, opaque=f.opaque, datatype=Datatype.JSON, value=config
+        )
+    )
+
+
 def get_all_vb_seqnos(conn: Connection, f: Frame) -> None:
     n = len(f.extras)
     if n not in (0, 4, 8):
@@ -390,4 +420,5 @@ KV_HANDLERS: dict[int, Callable[[Connection, Frame], None]] = {
     Opcode.DELETE: delete,
     Opcode.STAT: stat,
     Opcode.GET_ALL_VB_SEQNOS: get_all_vb_seqnos,
+    Opcode.GET_CLUSTER_CONFIG: get_cluster_config,
 }

@@ -10,8 +10,10 @@ Rules of this module:
   the dirty set, housekeeping), the handler table (dispatch.py, handed to each
   ``Connection``; with a users file each connection gets its own gated table from
   ``Authenticator``, auth.py), the accept loop and output guard (limits.py), the TLS
-  context and handshake (tls.py). STAT and metrics read the server through ``ServerView``
-  (server_view.py), which ``DcpServer`` satisfies.
+  context and handshake (tls.py), the cluster (cluster/serving.py ``ClusterSide``: the
+  etcd agent, joined before the first connection is accepted and left first at a
+  graceful stop, or a single node's config). STAT and metrics read the server through
+  ``ServerView`` (server_view.py), which ``DcpServer`` satisfies.
 - Both listeners serve the same ``Connection`` code; the TLS context is built with the
   server (a bad certificate stops it before the data directory is opened) and is read
   at each accept, so ``reload_tls`` rotates the certificate for new connections. The
@@ -36,7 +38,7 @@ import logging
 import secrets
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,7 @@ from ..protocol.opcodes import StreamEndStatus
 from .active_stream import ActiveStream
 from .auth import Authenticator
 from .backfills import Backfills
+from .cluster.serving import ClusterSide
 from .cluster.store import EtcdStore
 from .config import ServerConfig
 from .connection import Connection
@@ -80,6 +83,7 @@ class DcpServer:
         clock: Callable[[], float] = time.time,
         uuid_source: Callable[[], int] = _random_uuid,
         handlers: HandlerTable = HANDLERS,
+        cluster_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.config = (config or ServerConfig()).validate()
         self.clock = clock
@@ -117,6 +121,12 @@ class DcpServer:
         self._started_at = time.monotonic()
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._users_store: EtcdStore | None = None
+        #: the cluster as handlers see it (cluster/serving.py); ``cluster_options``: the
+        #: ``ClusterAgent``'s keyword arguments (tests inject a fake orchestrator)
+        self.cluster = ClusterSide(self, cluster_options)
+        #: cluster mode: may active vbuckets take writes now (the agent's fencing gate)?
+        #: None on a single node: the write paths check ``is None`` and nothing else
+        self.write_gate: Callable[[], bool] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +207,7 @@ class DcpServer:
                         )
                         self.tls_port = tls_listeners[0].socket.getsockname()[1]
                     await self._start_replication(bg)
+                    await self.cluster.start(bg)  # joins: a refusal stops the start here
                     conns.start_soon(self._accept, listeners, tls_listeners, conns)
                     log.info(
                         "listening host=%s port=%d tls_port=%s data_dir=%s vbuckets=%d",
@@ -208,6 +219,7 @@ class DcpServer:
                     )
                     task_status.started(self)
                     await self._shutdown.wait()
+                    await self.cluster.stop()
                     self._replication_scope.cancel()
                     await self._stop_connections()
                     conns.cancel_scope.cancel()
@@ -223,6 +235,7 @@ class DcpServer:
                 )
                 if users_store is not None:
                     await users_store.aclose()
+                await self.cluster.aclose()
             log.info("stopped clean=%s", self.clean_shutdown)
             self._stopped.set()
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .engine import Bucket
     from .metrics import ServerMetrics
 
-__all__ = ["ConnectionView", "ServerView"]
+__all__ = ["ClusterView", "ConnectionView", "ServerView"]
 
 
 class ConnectionView(Protocol):
@@ -37,6 +37,12 @@ class ConnectionView(Protocol):
     def streams(self) -> Mapping[int, ActiveStream]: ...
 
     def statistics(self) -> dict[str, Any]: ...
+
+
+class ClusterView(Protocol):
+    """What reporting reads of the cluster side (cluster/serving.py)."""
+
+    def stat_pairs(self) -> list[tuple[str, Any]]: ...
 
 
 class ServerView(Protocol):
@@ -56,6 +62,9 @@ class ServerView(Protocol):
 
     @property
     def storage_error(self) -> str | None: ...
+
+    @property
+    def cluster(self) -> ClusterView: ...
 
     def uptime(self) -> float: ...
 

@@ -18,7 +18,9 @@ Groups: ``""`` (general), ``vbucket``, ``vbucket-seqno [vb]``, ``failovers [vb]`
 ``checkpoint [vb]``, ``dcp``, ``dcp-streams`` (one JSON value per stream, for tools),
 ``replication [vb]`` (per vbucket ``vb_N:state`` and, for a replica fed from a source,
 ``source``, ``high_seqno``, ``source_seqno`` (the highest snapshot end the source
-announced), ``lag`` and ``stream``; then per source node ``source:ADDR:FIELD``).
+announced), ``lag`` and ``stream``; then per source node ``source:ADDR:FIELD``),
+``cluster`` (cluster/agent.py ``stat_pairs``: node name, cluster, map revision, fenced,
+whether this node is the orchestrator, lease TTL...; a single node: its name, rev 1).
 
 ``checkpoint [vb]`` keys (all prefixed ``vb_N:``): the manager's summary (``num_checkpoints``,
 ``num_items``, ``mem_usage``...), ``high_seqno`` / ``persisted_seqno``, one
@@ -226,7 +228,13 @@ _PER_VBUCKET = {
     "vbucket": _vbucket,
     "replication": _replication,
 }
-_WHOLE = {"": _general, "dcp": _dcp, "dcp-streams": _dcp_streams}
+
+
+def _cluster(server: ServerView) -> Iterator[Pairs]:
+    yield list(server.cluster.stat_pairs())
+
+
+_WHOLE = {"": _general, "dcp": _dcp, "dcp-streams": _dcp_streams, "cluster": _cluster}
 
 
 def stat_units(server: ServerView, group: str) -> Iterator[Pairs]:

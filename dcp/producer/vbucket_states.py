@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,23 @@ class VBucketStates:
         self._assignment[vb] = Assignment(state, source, takeover)
         self._dirty.set()
         self._reconcile()
+
+    def assign(self, assignment: Mapping[int, Assignment]) -> int:
+        """The cluster map's assignment (cluster/agent.py): every vbucket given takes its
+        assignment, in one reconcile for the whole batch. A vbucket rolling back keeps
+        its assignment (``set`` would refuse it too); the next map change retries it.
+        Returns how many vbuckets changed assignment or state."""
+        changed = 0
+        for vb, a in assignment.items():
+            if vb in self._rolling_back:
+                continue
+            if self._assignment.get(vb) != a or self.state(vb) != a.state:
+                self._assignment[vb] = a
+                changed += 1
+        if changed:
+            self._dirty.set()
+            self._reconcile()
+        return changed
 
     def _is_me(self, address: str) -> bool:
         """Whether ``address`` names this node (its advertised name, or any loopback or

@@ -85,6 +85,7 @@ class Opcode(IntEnum):
     DCP_BUFFER_ACK = 0x5D
     DCP_CONTROL = 0x5E
     DCP_SEQNO_ADVANCED = 0x64
+    GET_CLUSTER_CONFIG = 0xB5  # value: the bucket config JSON clients route with
 
 
 class Status(IntEnum):
