@@ -1,6 +1,7 @@
 # The two commands a newcomer needs: `make run` and `make test`.
 # Others: `make test-fast` (protocol + engine, under a minute), `make chaos-short` (the short
-# reliability runs CI does), `make bench` (the benchmark table), `make typecheck`.
+# reliability runs CI does), `make bench` (the benchmark table), `make typecheck`,
+# `make cluster` / `make cluster-down` (etcd and three nodes on loopback: docs/cluster.md).
 # Both bootstrap what they need: a .venv with the project and its extras, and (for tests)
 # Debian's tshark and etcd-server (tests/etcd/) when they are missing and we are root.
 PY ?= python3
@@ -8,12 +9,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA ?= ./dcp-data
+# `make cluster`: data, logs and pid files of its etcd and nodes
+CLUSTER_DIR ?= ./dcp-cluster
 # extra flags for `make bench`, e.g. BENCH_ARGS="--tiny" or BENCH_ARGS="--no-peer"
 BENCH_ARGS ?=
 # extra pytest flags for `make test`, e.g. PYTEST_ARGS="-n 2" (pytest-xdist)
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast chaos-short lint typecheck typing-baseline venv tshark etcd bench clean
+.PHONY: run test test-fast chaos-short lint typecheck typing-baseline venv tshark etcd bench clean \
+  cluster cluster-down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +44,18 @@ etcd:
 
 run: $(STAMP)
 	$(BIN)/dcp-server --data-dir $(DATA)
+
+# A local cluster in the background: etcd on 127.0.0.1:2379 (data $(CLUSTER_DIR)/etcd) and
+# nodes n1..n3 (dcp-server --cluster http://127.0.0.1:2379 --node-name nI) on
+# 127.0.0.1:11210-11212 (data $(CLUSTER_DIR)/nI); returns once every node has joined and
+# prints how to connect. Processes already running from an earlier `make cluster` are kept.
+# `make cluster-down` stops them (SIGTERM, SIGKILL after 5 s) and keeps the data.
+# (tools/local_cluster.py does the work.)
+cluster: $(STAMP) etcd
+	$(BIN)/python -m tools.local_cluster up --dir $(CLUSTER_DIR)
+
+cluster-down:
+	$(PY) -m tools.local_cluster down --dir $(CLUSTER_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check dcp tests tools

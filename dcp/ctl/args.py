@@ -1,4 +1,4 @@
-"""Argument values several commands share: vbucket ids and lists.
+"""Argument values several commands share: vbucket ids and lists (and their compact text).
 
 Rules of this module: argparse ``type=`` functions raise ``ArgumentTypeError`` (usage,
 exit 2); ``check_vbuckets`` raises ``CtlError`` once the real vbucket count is known.
@@ -11,7 +11,7 @@ import argparse
 
 from .output import CtlError
 
-__all__ = ["address", "check_vbuckets", "split_address", "vb_id", "vb_list"]
+__all__ = ["address", "check_vbuckets", "ranges_text", "split_address", "vb_id", "vb_list"]
 
 
 def split_address(text: str) -> tuple[str, int]:
@@ -56,6 +56,22 @@ def vb_id(text: str) -> int:
     if not 0 <= vb <= 0xFFFF:
         raise argparse.ArgumentTypeError(f"{text!r} is not a vbucket id")
     return vb
+
+
+def ranges_text(vbs: list[int] | set[int]) -> str:
+    """``[0, 1, 2, 3, 9]`` -> ``"0-3,9"`` (the inverse of ``vb_list``; empty: ``""``)."""
+    out: list[str] = []
+    run: list[int] = []
+    for vb in sorted(set(vbs)):
+        if run and vb == run[-1] + 1:
+            run[-1] = vb
+            continue
+        if run:
+            out.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+        run = [vb, vb]
+    if run:
+        out.append(str(run[0]) if run[0] == run[1] else f"{run[0]}-{run[1]}")
+    return ",".join(out)
 
 
 def check_vbuckets(wanted: list[int] | None, count: int, where: str = "the server") -> list[int]:

@@ -3,8 +3,9 @@
 Rules of this module:
 - Argument parsing and the error boundary only; each command lives in its own module
   (``live``, ``streams``, ``tail``, ``kv``, ``vbstate``, ``metrics``, ``inspect_cmds``,
-  ``users_cmd``) and composes public APIs (the SDK, ``dcp.protocol``, the engine's
-  record decoders, the server's users-file writer). A command's
+  ``users_cmd``, ``cluster_cmd`` with its options in ``cluster_args``) and composes public
+  APIs (the SDK, ``dcp.protocol``, the engine's record decoders, the server's users-file
+  writer, the cluster's etcd store). A command's
   module is imported only when it runs (``"module:function"``), so ``inspect`` never
   loads trio or the SDK and every command starts faster.
 - Common options (``--host``, ``--port``, ``--timeout``, the credential and TLS flags of
@@ -27,6 +28,7 @@ from typing import Any
 
 from .access import add_options, resolve
 from .args import address, vb_id, vb_list
+from .cluster_args import add_cluster_parser
 from .output import CtlError, Output
 
 __all__ = ["main"]
@@ -232,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="PREFIX",
             help="the servers' users_etcd_prefix (default /dcp/default/users/)",
         )
+
+    add_cluster_parser(sub, _command)
 
     p = _command(
         sub,
