@@ -18,8 +18,9 @@ Rules of this module:
 
 from __future__ import annotations
 
+import inspect
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +76,17 @@ def expected_states(vbmap: VBucketMap, name: str) -> dict[int, str]:
     return out
 
 
-async def until(check: Callable[[], Awaitable[Any]], what: str, timeout: float) -> Any:
-    """Poll ``check`` (every 0.1 s) until it returns a true value, which is returned;
-    fails after ``timeout`` s naming ``what`` and the last error it raised, if any."""
+async def until(check: Callable[[], Any], what: str, timeout: float) -> Any:
+    """Poll ``check`` (every 0.1 s; a plain or an async function) until it returns a true
+    value, which is returned; fails after ``timeout`` s naming ``what`` and the last error
+    it raised, if any."""
     last: BaseException | None = None
     with trio.move_on_after(timeout):
         while True:
             try:
-                got = await check()
+                got = check()
+                if inspect.isawaitable(got):
+                    got = await got
             except (OSError, StoreUnavailable, trio.TooSlowError, EOFError) as exc:
                 last, got = exc, None
             if got:
@@ -256,6 +260,23 @@ class EtcdCluster:
             return await until(settled, f"a settled map over {sorted(names)}", timeout)
         except AssertionError as exc:
             raise AssertionError(f"{exc}; last seen: {seen}") from None
+
+    async def copies_differ(self, vbmap: VBucketMap) -> dict[int, dict[str, int]]:
+        """vb -> {node: high seqno} where the copies of ``vbmap`` do not hold the same
+        high seqno and failover log as the vbucket's active (empty: all converged)."""
+        highs, logs = {}, {}
+        for name in {n for vb in range(vbmap.num_vbuckets) for n in vbmap.names(vb) if n}:
+            highs[name] = await self.nodes[name].high_seqnos()
+            logs[name] = await self.nodes[name].failover_logs()
+        out = {}
+        for vb in range(vbmap.num_vbuckets):
+            chain = [n for n in vbmap.names(vb) if n]
+            if any(
+                (highs[n].get(vb), logs[n].get(vb)) != (highs[chain[0]][vb], logs[chain[0]][vb])
+                for n in chain[1:]
+            ):
+                out[vb] = {n: highs[n].get(vb, -1) for n in chain}
+        return out
 
     async def get_cluster_config(self, name: str) -> dict[str, Any]:
         """The node's GET_CLUSTER_CONFIG (opcode 0xB5) answer as JSON; fails on a status."""

@@ -163,6 +163,35 @@ class Writer:
         return out
 
 
+def probe_keys(num_vbuckets: int) -> dict[int, bytes]:
+    """One key per vbucket (to write-probe every vbucket)."""
+    out: dict[int, bytes] = {}
+    i = 0
+    while len(out) < num_vbuckets:
+        k = f"probe-{i}".encode()
+        out.setdefault(vbucket_for_key(k, num_vbuckets), k)
+        i += 1
+    return out
+
+
+async def all_writable(writer: Writer, version: int) -> float:
+    """Write one key in every vbucket, concurrently, each re-routed until acknowledged;
+    returns the seconds until the last was (fails if one gave up)."""
+    keys = probe_keys(writer.cluster.num_vbuckets)
+    t0 = trio.current_time()
+    failed: list[int] = []
+
+    async def probe(vb: int) -> None:
+        if not await writer.write(keys[vb], version):
+            failed.append(vb)
+
+    async with trio.open_nursery() as nursery:
+        for vb in keys:
+            nursery.start_soon(probe, vb)
+    assert not failed, f"vbuckets {sorted(failed)} took no write within {writer.give_up:g} s"
+    return trio.current_time() - t0
+
+
 async def read_all(cluster: EtcdCluster, keys: list[bytes]) -> dict[bytes, bytes | None]:
     """Each key's value on its vbucket's active by etcd's map now (None: not found)."""
     vbmap, _ = await cluster.read_map()
@@ -264,6 +293,9 @@ class Follower:
                 nursery.start_soon(self._follow, vb, stop)
             await stop.wait()
             nursery.cancel_scope.cancel()
+
+    async def caught_up(self) -> bool:
+        return not await self.lagging()
 
     async def lagging(self) -> dict[int, tuple[int, int]]:
         """vb -> (received, active's high seqno) where the stream is behind its active."""

@@ -13,7 +13,8 @@ Scenarios: ceiling, stream-memory, stream-disk, ingest, fanout, latency, slow-co
 and ``replication`` (an active and a ``--replica-of`` replica; not part of ``all``: it runs
 itself, then stream-memory and stream-disk at the same size, without the Redis peer), and
 ``tls`` (not part of ``all``: stream-memory and ingest over TLS vs plaintext on the same
-server, and SCRAM/PLAIN logins per second; ``tls.py``).
+server, and SCRAM/PLAIN logins per second; ``tls.py``), and ``cluster`` (not part of
+``all``: failover time and rebalance rate of a cluster on etcd; ``cluster.py``).
 Each starts its own servers on loopback ports (ours: ``dcp-server --port 0`` as a
 subprocess; the peer: ``redis-server`` on a free port with persistence off), runs ours and
 the peer alternately for ``--reps`` repetitions, and reports medians, min-max, ours/peer,
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import report as bench_report
+from .cluster import cluster_bench
 from .procs import BenchError, ensure_redis
 from .replication import replication
 from .scenarios import SCENARIOS, Ctx
@@ -44,8 +46,12 @@ from .tls import tls
 
 ORDER = list(SCENARIOS)
 #: Commands that are not part of ``all``: the scenarios each one runs, in order.
-GROUPS = {"replication": ["replication", "stream-memory", "stream-disk"], "tls": ["tls"]}
-RUNNERS = {**SCENARIOS, "replication": replication, "tls": tls}
+GROUPS = {
+    "replication": ["replication", "stream-memory", "stream-disk"],
+    "tls": ["tls"],
+    "cluster": ["cluster"],
+}
+RUNNERS = {**SCENARIOS, "replication": replication, "tls": tls, "cluster": cluster_bench}
 DEFAULTS = {
     "items": 1_000_000,
     "fanout_items": 200_000,
@@ -103,6 +109,8 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
     if scenario in ("slow-consumer", "all"):
         g.add_argument("--keys", type=int, help="slow-consumer: distinct keys (100000)")
         g.add_argument("--quota-mib", type=float, help="slow-consumer: checkpoint quota (256)")
+    if scenario == "cluster":
+        g.add_argument("--only", help="failover or rebalance (default: both)")
     if scenario == "all":
         g.add_argument("--fanout-items", type=int, help="fanout items (200000)")
         g.add_argument("--slow-items", type=int, help="slow-consumer writes (10000000)")
@@ -164,7 +172,7 @@ def options(ns: argparse.Namespace) -> argparse.Namespace:
         given["fanout_items"] = given.pop("items")
     if ns.cmd == "slow-consumer" and "items" in given:
         given["slow_items"] = given.pop("items")
-    if ns.cmd in ("replication", "tls"):
+    if ns.cmd in ("replication", "tls", "cluster"):
         given["no_peer"] = True  # our servers only; Redis has nothing to compare here
     o.update(given)
     o["log_dir"] = tempfile.mkdtemp(prefix="dcp-bench-logs-")
@@ -187,6 +195,8 @@ def _steps(o: argparse.Namespace, names: list[str], peer: bool) -> int:
             n += o.reps * 2
         elif name == "tls":
             n += o.reps * 4 + 2
+        elif name == "cluster":
+            n += o.reps * 2
         else:
             n += o.reps * sides
     return n
@@ -304,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_report.print_table(doc)
         if doc["peer_skipped"]:
             print(f"peer skipped: {doc['peer_skipped']}")
+        for line in doc["results"].get("cluster", {}).get("summary", []):
+            print(line)
     return 0
 
 

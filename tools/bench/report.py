@@ -26,6 +26,7 @@ GOALS: dict[str, str] = {
     "ceiling": "(reference)",
     "replication": ">= 300 k/s applied; lag p99 <= 5 ms at 10 k/s",
     "tls": "TLS >= 0.6x plaintext (stream-memory and ingest)",
+    "cluster": "failover <= auto_failover_timeout + 2 s; rebalance >= 200 k items/s moved",
 }
 
 
@@ -51,6 +52,9 @@ def evaluate(res: dict[str, Any]) -> bool | None:
     if name == "tls":
         ratios = list((res.get("tls_ratios") or {}).values())
         return bool(ratios) and all(r is not None and r >= 0.6 for r in ratios)
+    if name == "cluster":  # each part it ran against its own goal (cluster.py)
+        met = res.get("goals_met") or {}
+        return all(met.values()) if met else None
     if name == "replication":
         applied, p99 = res.get("applied_rate"), res.get("lag_p99_ms")
         return applied is not None and applied >= 300_000 and p99 is not None and p99 <= 5.0
@@ -124,6 +128,8 @@ def _fmt(name: str, s: dict[str, Any] | None) -> str:
         return "-"
     if name in ("latency",) or name.endswith(" lag"):
         return f"{s['median']:.2f} ms [{s['min']:.2f}-{s['max']:.2f}]"
+    if name.endswith(" failover"):
+        return f"{s['median']:.2f} s [{s['min']:.2f}-{s['max']:.2f}]"
     if name == "slow-consumer":
         return f"{s['median']:.0f} MiB [{s['min']:.0f}-{s['max']:.0f}]"
     if name.startswith("fanout"):
