@@ -250,7 +250,7 @@ class DcpServer:
         static topology (``replica_of``) always find them."""
         node = self.config.advertise or f"{self.config.host}:{self.port}"
         states = self.vbucket_states = VBucketStates(self, node)
-        manager = ReplicationManager(states, **self._replication_options())
+        manager = ReplicationManager(states, **self.replication_options())
         await bg.start(self._run_replication, manager)
         states.manager = manager
         bg.start_soon(states.run)
@@ -258,7 +258,7 @@ class DcpServer:
         if self.config.replica_of:
             log.info("every vbucket is a replica of %s", self.config.replica_of)
 
-    def _replication_options(self) -> dict[str, Any]:
+    def replication_options(self) -> dict[str, Any]:
         """Credentials (``replication_user``, the node's internal user) and TLS of this
         node's replication connections to their sources."""
         c = self.config

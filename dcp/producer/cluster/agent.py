@@ -373,7 +373,7 @@ class ClusterAgent:
             rebalance_moves=cfg.rebalance_moves,
             move_timeout=cfg.move_timeout,
         )
-        control = LinkControl(**self.server._replication_options())
+        control = LinkControl(**self.server.replication_options())
         await Orchestrator(self.store, leadership, control, settings).run()
 
     # ------------------------------------------------------------------ STAT cluster
