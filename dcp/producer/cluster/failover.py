@@ -1,0 +1,121 @@
+"""Failover decisions: which replica to promote, and when an automatic failover must
+be refused.
+
+Rules of this module:
+- Pure: the orchestrator (cluster/orchestrator.py) gathers the facts (the map, who is
+  live, each live replica's seqnos) and writes what is decided here.
+- The replica promoted is the live one with the highest seqno for the vbucket (the one
+  that lost the fewest acknowledged writes); a replica whose seqnos could not be read
+  ranks below every one that answered; ties go to chain order. The other replicas stay
+  in the chain after it, the failed node's slots become empty (-1) and the node leaves
+  the server list: the map no longer counts on it, and it is not reported down.
+- A vbucket active on the failed node with no live replica is left without an active
+  copy (unavailable) by a hard failover; an automatic one is refused instead
+  (``auto_refusal``), as are automatic failovers while two or more map nodes are down
+  or once the count of automatic failovers has reached its maximum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from .vbmap import VBucketMap
+
+__all__ = ["FailoverPlan", "auto_refusal", "orphans", "plan_failover", "replicas_to_ask"]
+
+
+@dataclass(frozen=True)
+class FailoverPlan:
+    node: str
+    vbmap: VBucketMap
+    #: vb -> the replica promoted to active
+    promoted: dict[int, str]
+    #: vbuckets left without an active copy
+    unavailable: list[int]
+
+
+def orphans(vbmap: VBucketMap, node: str, live: Collection[str]) -> list[int]:
+    """The vbuckets active on ``node`` that have no live replica elsewhere."""
+    return [
+        vb
+        for vb in range(vbmap.num_vbuckets)
+        if vbmap.active(vb) == node and not any(r in live for r in vbmap.replicas(vb))
+    ]
+
+
+def replicas_to_ask(vbmap: VBucketMap, node: str, live: Collection[str]) -> set[str]:
+    """The live replicas of ``node``'s active vbuckets: whose seqnos decide."""
+    return {
+        r
+        for vb in range(vbmap.num_vbuckets)
+        if vbmap.active(vb) == node
+        for r in vbmap.replicas(vb)
+        if r in live and r != node
+    }
+
+
+def plan_failover(
+    vbmap: VBucketMap,
+    node: str,
+    live: Collection[str],
+    seqnos: Mapping[str, Mapping[int, int]],
+) -> FailoverPlan:
+    """The map with ``node`` failed over (see the module rules). ``seqnos``: per live
+    replica, its replica vbuckets' high seqnos (a replica missing here ranks last)."""
+    width = vbmap.num_replicas + 1
+    chains: list[list[str | None]] = []
+    promoted: dict[int, str] = {}
+    unavailable: list[int] = []
+    for vb in range(vbmap.num_vbuckets):
+        names = list(vbmap.names(vb))
+        active, replicas = names[0], [r for r in names[1:] if r is not None and r != node]
+        if active == node:
+            candidates = [r for r in replicas if r in live and r != node]
+            if candidates:
+                best = max(
+                    candidates,
+                    key=lambda r: (seqnos.get(r, {}).get(vb, -1), -candidates.index(r)),
+                )
+                promoted[vb] = best
+                chain: list[str | None] = [best, *(r for r in replicas if r != best)]
+            else:
+                unavailable.append(vb)
+                chain = [None, *replicas]
+        else:
+            chain = [active, *replicas]
+        chains.append(chain + [None] * (width - len(chain)))
+    servers = [s for s in vbmap.servers if s != node]
+    if not servers:  # a map of no node serves nothing: refused, not written
+        raise ValueError(f"failing over {node} would leave no node in the map")
+    new = VBucketMap.from_names(vbmap.num_replicas, chains, servers=servers)
+    return FailoverPlan(node, new, promoted, unavailable)
+
+
+def auto_refusal(
+    vbmap: VBucketMap,
+    node: str,
+    down: Collection[str],
+    live: Collection[str],
+    count: int,
+    max_count: int,
+) -> str | None:
+    """Why an automatic failover of ``node`` must not happen now, or None."""
+    if len(down) >= 2:
+        return (
+            f"{len(down)} nodes are down ({', '.join(sorted(down))}): no automatic "
+            "failover while more than one is"
+        )
+    if count >= max_count:
+        return (
+            f"automatic failovers used: {count} of {max_count}; reset the count "
+            "(dcpctl cluster reset-autofailover) to allow another"
+        )
+    lost = orphans(vbmap, node, live)
+    if lost:
+        shown = ", ".join(map(str, lost[:8])) + (" ..." if len(lost) > 8 else "")
+        return (
+            f"{len(lost)} vbuckets active on {node} have no live replica ({shown}): "
+            "failing it over would leave them without an active copy"
+        )
+    return None

@@ -1,0 +1,182 @@
+"""Carrying out failovers for the orchestrator: automatic, manual hard, manual graceful.
+
+Rules of this module:
+- The decisions are cluster/failover.py's (pure); this module gathers what they need
+  (the live replicas' seqnos, through ``NodeControl``), writes the result through the
+  orchestrator's guarded CAS and reports in its ``StatusBoard``.
+- Automatic: the replicas whose seqnos decide must all answer, else it is refused this
+  time (retried at the next poll): promoting without knowing who has the most would
+  lose acknowledged writes needlessly. The write is guarded on the failed node's key
+  being absent; then the ``autofailover`` count goes up by one (a CAS loop, so a reset
+  by an operator at the same moment is not overwritten with an older count).
+- Hard (``requests/failover``, graceful false): as automatic without the count or the
+  one-down rule, allowed while the node is live (the map then fences it: it is no longer
+  named, its copies go dead); a vbucket with no live replica is left unavailable and
+  the report says which. A replica that does not answer ranks last but may be promoted.
+- Graceful: the node must be live and every vbucket active on it must have a live
+  replica; its actives are handed over to their best replicas by takeover moves
+  (cluster/rebalance.py), then it leaves every chain.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from ...protocol.opcodes import VBucketState
+from .control import ControlUnavailable
+from .failover import FailoverPlan, auto_refusal, orphans, plan_failover, replicas_to_ask
+from .rebalance import MoveAborted
+from .store import Entry, Guard
+from .vbmap import VBucketMap
+from .view import ClusterView
+
+if TYPE_CHECKING:
+    from .orchestrator import Orchestrator
+
+__all__ = ["auto_failover", "failover_request"]
+
+log = logging.getLogger("dcp.cluster")
+
+
+async def replica_seqnos(
+    orch: Orchestrator, view: ClusterView, nodes: set[str]
+) -> dict[str, dict[int, int]]:
+    """The replica high seqnos of each of ``nodes`` that answers."""
+    out: dict[str, dict[int, int]] = {}
+    for node in sorted(nodes):
+        addr = view.address(node)
+        if addr is None:
+            continue
+        try:
+            out[node] = await orch.control.seqnos(addr, VBucketState.REPLICA)
+        except ControlUnavailable as exc:
+            log.warning("replica seqnos of %s: %s", node, exc)
+    return out
+
+
+def _summary(plan: FailoverPlan) -> str:
+    text = f"{plan.node} failed over: {len(plan.promoted)} replicas promoted"
+    if plan.unavailable:
+        shown = ", ".join(map(str, plan.unavailable[:16]))
+        more = " ..." if len(plan.unavailable) > 16 else ""
+        text += (
+            f"; {len(plan.unavailable)} vbuckets had no replica and are unavailable ({shown}{more})"
+        )
+    return text
+
+
+async def auto_failover(orch: Orchestrator, view: ClusterView, vbmap: VBucketMap) -> bool:
+    """Fail over a node down for the timeout, when every safety rule allows; True when
+    the map was written (or the attempt must be decided again)."""
+    s = orch.settings
+    down = view.down()
+    expired = [n for n in down if orch.down_for(n) >= s.auto_failover_timeout]
+    if not expired:
+        return False
+    node = expired[0]
+    live = view.live
+    reason = auto_refusal(vbmap, node, down, live, view.auto_count, s.auto_failover_max_count)
+    seqnos: dict[str, dict[int, int]] = {}
+    if reason is None:
+        ask = replicas_to_ask(vbmap, node, live)
+        seqnos = await replica_seqnos(orch, view, ask)
+        missing = sorted(ask - seqnos.keys())
+        if missing:
+            reason = (
+                f"replica(s) {', '.join(missing)} did not say their seqnos: the replica "
+                "to promote cannot be chosen"
+            )
+    if reason is not None:
+        orch.board.set_failover(node=node, state="refused", message=reason, auto=True)
+        orch.say(f"automatic failover of {node} refused: {reason}")
+        return False
+    plan = plan_failover(vbmap, node, live, seqnos)
+    gone = Guard(orch.prefix + "nodes/" + node, 0)
+    if await orch.write_map(plan.vbmap, view.map_revision, [gone]) is None:
+        log.info("automatic failover of %s not written: the map changed or it is back", node)
+        return True
+    count = await _count(orch, node)
+    if count is not None:  # the report says the count that came with it
+        orch.board.auto_count = count
+    message = _summary(plan)
+    log.warning("automatic failover: %s", message)
+    orch.board.set_failover(node=node, state="done", message=message, auto=True)
+    return True
+
+
+async def _count(orch: Orchestrator, node: str) -> int | None:
+    key = orch.prefix + "autofailover"
+    for _ in range(5):
+        got = await orch.store.get(key)
+        count, failed = 0, []
+        if got is not None and got.value:
+            try:
+                doc = json.loads(got.value)
+                count, failed = int(doc.get("count", 0)), list(doc.get("failed_over", []))
+            except (ValueError, TypeError, AttributeError):
+                count = orch.settings.auto_failover_max_count  # it was unreadable: stay safe
+        value = json.dumps({"count": count + 1, "failed_over": [*failed, node]}).encode()
+        revision = got.mod_revision if got is not None else 0
+        if await orch.store.compare_and_put(key, value, mod_revision=revision) is not None:
+            return count + 1
+    log.error("could not count the automatic failover of %s (autofailover keeps changing)", node)
+    return None
+
+
+async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) -> None:
+    req = await orch.take_request(entry)
+    if req is None:
+        return
+    rid = req.get("id") if isinstance(req.get("id"), str) else None
+    node = req.get("node")
+    graceful = req.get("graceful", False) is True
+    vbmap = view.vbmap
+    assert vbmap is not None
+    orch.board.set_failover(id=rid, node=node, state="running", auto=False)
+
+    def fail(message: str) -> None:
+        log.warning("failover of %s failed: %s", node, message)
+        orch.board.set_failover(id=rid, node=node, state="failed", message=message)
+
+    if not isinstance(node, str) or node not in vbmap.servers:
+        return fail(f"{node!r} is not a node of the map")
+    if len(vbmap.servers) == 1:
+        return fail(f"{node} is the only node of the map")
+    others = view.live - {node}
+    if graceful:
+        if node not in view.live:
+            return fail(f"{node} is down: a graceful failover needs it up (use a hard one)")
+        lost = orphans(vbmap, node, others)
+        if lost:
+            return fail(
+                f"{len(lost)} vbuckets active on {node} have no live replica to hand "
+                "them over to (a hard failover would leave them unavailable)"
+            )
+    seqnos = await replica_seqnos(orch, view, replicas_to_ask(vbmap, node, others))
+    plan = plan_failover(vbmap, node, others, seqnos)
+    if not graceful:
+        guards = [] if node in view.live else [Guard(orch.prefix + "nodes/" + node, 0)]
+        if await orch.write_map(plan.vbmap, view.map_revision, guards) is None:
+            return fail("the map changed meanwhile (or the node came back): try again")
+        message = _summary(plan)
+        log.warning("hard failover: %s", message)
+        orch.board.set_failover(id=rid, node=node, state="done", message=message)
+        return None
+
+    def progress(done: int, total: int) -> None:
+        orch.board.set_failover(
+            id=rid, node=node, state="running", message=f"{done} of {total} moves"
+        )
+
+    try:
+        final, _, rolled = await orch.mover(progress).run(vbmap, view.map_revision, plan.vbmap)
+    except MoveAborted as exc:
+        return fail(str(exc))
+    if rolled or node in final.servers:
+        return fail(f"{rolled} moves did not finish: {node} still holds copies")
+    message = f"{node} failed over gracefully: {len(plan.promoted)} vbuckets handed over"
+    log.warning("%s", message)
+    orch.board.set_failover(id=rid, node=node, state="done", message=message)
+    return None
