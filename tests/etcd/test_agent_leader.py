@@ -1,0 +1,99 @@
+"""The agent hosts the orchestrator: one node at a time runs it (a recording fake here),
+the next one takes over when the leader leaves, and a fence stops it until the lease is
+known to be alive again (then the same term is taken up, not waited out)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from dcp.producer.cluster.election import Leadership
+
+from .agent_support import node, until
+from .conftest import EtcdProcess
+
+Events = list[tuple[str, str, int]]
+
+
+def recorder(events: Events, name: str) -> Callable[[Leadership], object]:
+    async def run(leadership: Leadership) -> None:
+        assert leadership.node == name
+        events.append(("start", name, leadership.term))
+        try:
+            await trio.sleep_forever()
+        finally:
+            events.append(("stop", name, leadership.term))
+
+    return run
+
+
+def running(events: Events) -> list[tuple[str, int]]:
+    """Who runs the orchestrator now, by the start/stop events."""
+    now: list[tuple[str, int]] = []
+    for kind, name, term in events:
+        if kind == "start":
+            now.append((name, term))
+        else:
+            now.remove((name, term))
+    return now
+
+
+async def test_one_orchestrator_and_the_next_takes_over_when_it_leaves(
+    etcd_server: EtcdProcess, cluster_name: str, tmp_path: Path
+) -> None:
+    ep = etcd_server.endpoint
+    events: Events = []
+    async with contextlib.AsyncExitStack() as stack:
+        nodes = {}
+        for name in ("n1", "n2"):
+            nodes[name] = await stack.enter_async_context(
+                node(tmp_path, ep, cluster_name, name, run_orchestrator=recorder(events, name))
+            )
+        await until(lambda: len(running(events)) == 1, "one leader")
+        await trio.sleep(1.0)  # and it stays one
+        [(leader, term)] = running(events)
+        other = "n2" if leader == "n1" else "n1"
+        agent = nodes[leader].cluster.agent
+        assert agent is not None and agent.leadership is not None
+        assert agent.leadership.term == term
+        stats_leader = agent.stat_pairs()
+        assert ("orchestrator", "true") in stats_leader and ("term", term) in stats_leader
+        # the leader stops gracefully: it revokes its lease, the other is elected at once
+        await agent.leave()
+        await until(lambda: any(n == other for n, _ in running(events)), "next", timeout=10)
+        assert ("stop", leader, term) in events
+        [(name, new_term)] = running(events)
+        assert name == other and new_term > term
+
+
+async def test_a_fence_stops_the_orchestrator_and_the_kept_lease_resumes_its_term(
+    etcd_factory: Callable[[], EtcdProcess], tmp_path: Path
+) -> None:
+    etcd = etcd_factory()
+    events: Events = []
+    async with node(
+        tmp_path,
+        etcd.endpoint,
+        "c",
+        "n1",
+        cluster_lease_ttl=2,
+        run_orchestrator=recorder(events, "n1"),
+    ) as n1:
+        await until(lambda: len(running(events)) == 1, "leader")
+        [(_, term)] = running(events)
+        agent = n1.cluster.agent
+        assert agent is not None
+        etcd.stop()
+        await until(lambda: agent.fenced, "fenced", timeout=10)
+        await until(lambda: running(events) == [], "orchestrator cancelled")
+        await trio.to_thread.run_sync(etcd.start)
+        await until(lambda: len(running(events)) == 1, "leads again", timeout=30)
+        [(_, again)] = running(events)
+        if not agent.membership.lease or agent.membership.fenced:
+            raise AssertionError("the node should be serving again")
+        # etcd kept the lease across its restart, so the office (bound to it) was kept:
+        # the same term is taken up rather than waiting for a key that never expires
+        assert again == term
