@@ -222,6 +222,8 @@ async def cmd_cluster_rebalance(args: argparse.Namespace, out: Output) -> int:
         view = await _view(store, args)
         for name in args.eject:
             _known(view, name)
+            if name not in view.members:  # the orchestrator ejects members only
+                raise CtlError(f"{name} is not a member of cluster {view.name} (already ejected?)")
         if view.members and set(view.members) <= set(args.eject):
             raise CtlError("cannot eject every node of the cluster")
         await _request(store, args, REQUEST_REBALANCE, {"id": rid, "eject": list(args.eject)})
