@@ -24,7 +24,6 @@ Rules of this module:
 
 from __future__ import annotations
 
-import contextlib
 import random
 from dataclasses import dataclass, field
 
@@ -91,28 +90,40 @@ class Writer:
         self.reroutes = 0
         self.slowest = 0.0  # the longest a write took to be acknowledged (s)
         self._clients: dict[str, KvClient] = {}
-        self._stack = contextlib.AsyncExitStack()
+        self._lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm = trio.open_nursery()
 
     async def __aenter__(self) -> Writer:
-        await self._stack.__aenter__()
+        self._nursery = await self._nursery_cm.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        await self._nursery_cm.__aexit__(None, None, None)
+
+    async def _hold(self, name: str, task_status: trio.TaskStatus[KvClient]) -> None:
+        """A node's client lives in a task of the writer's nursery: a ``KvClient`` is
+        entered and left in one task, whichever write task asked for it first."""
+        async with KvClient(
+            HOST,
+            self.cluster.port_of(name),
+            num_vbuckets=self.cluster.num_vbuckets,
+            timeout=self.op_timeout,
+        ) as kv:
+            task_status.started(kv)
+            await trio.sleep_forever()
 
     async def _client(self, name: str) -> KvClient:
-        kv = self._clients.get(name)
-        if kv is None:
-            kv = KvClient(
-                HOST,
-                self.cluster.port_of(name),
-                num_vbuckets=self.cluster.num_vbuckets,
-                timeout=self.op_timeout,
-            )
-            await kv.__aenter__()  # raises when the node does not answer: re-routed
-            self._stack.push_async_callback(kv.aclose)
-            self._clients[name] = kv
-        return kv
+        """The node's client; raises (re-routed) when the node does not answer."""
+        async with self._lock:
+            kv = self._clients.get(name)
+            if kv is None:
+                assert self._nursery is not None
+                kv = await self._nursery.start(self._hold, name)
+                self._clients[name] = kv
+            return kv
 
     async def write(self, key: bytes, version: int) -> bool:
         """One write, re-routed until acknowledged; False if ``give_up`` passed first."""

@@ -218,15 +218,19 @@ class Router:
         self.op_timeout = op_timeout
         self.vbmap: VBucketMap | None = None
         self._clients: dict[str, KvClient] = {}
-        self._stack = contextlib.AsyncExitStack()
+        self._lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm = trio.open_nursery()
 
     async def __aenter__(self) -> Router:
-        await self._stack.__aenter__()
+        self._nursery = await self._nursery_cm.__aenter__()
         await self.refresh()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        await self._nursery_cm.__aexit__(None, None, None)
 
     async def refresh(self) -> None:
         with contextlib.suppress(StoreUnavailable):
@@ -234,19 +238,23 @@ class Router:
             if vbmap is not None:
                 self.vbmap = vbmap
 
+    async def _hold(self, name: str, task_status: trio.TaskStatus[KvClient]) -> None:
+        # a KvClient is entered and left in one task (its nursery), whoever asked first
+        async with KvClient(
+            HOST, self.cl.nodes[name].port, num_vbuckets=self.cl.vbuckets, timeout=self.op_timeout
+        ) as kv:
+            task_status.started(kv)
+            await trio.sleep_forever()
+
     async def client(self, name: str) -> KvClient:
-        kv = self._clients.get(name)
-        if kv is None:
-            kv = KvClient(
-                HOST,
-                self.cl.nodes[name].port,
-                num_vbuckets=self.cl.vbuckets,
-                timeout=self.op_timeout,
-            )
-            await kv.__aenter__()
-            self._stack.push_async_callback(kv.aclose)
-            self._clients[name] = kv
-        return kv
+        """The node's client; raises when the node does not answer."""
+        async with self._lock:
+            kv = self._clients.get(name)
+            if kv is None:
+                assert self._nursery is not None
+                kv = await self._nursery.start(self._hold, name)
+                self._clients[name] = kv
+            return kv
 
     async def write_many(self, items: dict[bytes, bytes], give_up: float) -> None:
         """Write ``items``, grouped by their active node, re-routed until all are taken."""
