@@ -2,8 +2,8 @@
 a real etcd (tests/etcd/conftest.py), with maps written by hand.
 
 Rules of this module: no orchestrator runs unless a test passes one (``run_orchestrator``
-in ``node``): the tests decide the map. Every node is stopped when its ``async with``
-ends, pass or fail.
+in ``node``: a fake, or "real" for cluster/orchestrator.py): the tests decide the map.
+Every node is stopped when its ``async with`` ends, pass or fail.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ async def node(
         cluster_name=cluster,
         **settings,
     )
-    options = {"run_orchestrator": run_orchestrator, "interval": 0.05}
+    options: dict[str, Any] = {"interval": 0.05}
+    if run_orchestrator != "real":  # "real": the default, cluster/orchestrator.py
+        options["run_orchestrator"] = run_orchestrator
     async with DcpServer(cfg, cluster_options=options) as server:
         yield server
 

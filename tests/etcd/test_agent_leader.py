@@ -11,6 +11,10 @@ from pathlib import Path
 import trio
 
 from dcp.producer.cluster.election import Leadership
+from dcp.producer.server import DcpServer
+from dcp.protocol.opcodes import VBucketState
+from tests.producer.conftest import client_of
+from tests.producer.wire import keys_for_vb
 
 from .agent_support import node, until
 from .conftest import EtcdProcess
@@ -97,3 +101,59 @@ async def test_a_fence_stops_the_orchestrator_and_the_kept_lease_resumes_its_ter
         # etcd kept the lease across its restart, so the office (bound to it) was kept:
         # the same term is taken up rather than waiting for a key that never expires
         assert again == term
+
+
+async def test_with_the_real_orchestrator_three_nodes_converge_and_replicate(
+    etcd_server: EtcdProcess, cluster_name: str, tmp_path: Path
+) -> None:
+    """Nodes joining one after the other: the first map, then rebalance moves (forward
+    chains, takeovers) driven by cluster/orchestrator.py through the agents' reconcile."""
+    ep = etcd_server.endpoint
+    nvb = 8
+    async with contextlib.AsyncExitStack() as stack:
+        nodes: list[DcpServer] = []
+        for name in ("n1", "n2", "n3"):
+            nodes.append(
+                await stack.enter_async_context(
+                    node(
+                        tmp_path,
+                        ep,
+                        cluster_name,
+                        name,
+                        run_orchestrator="real",
+                        num_vbuckets=nvb,
+                    )
+                )
+            )
+
+        def settled() -> bool:
+            agents = [n.cluster.agent for n in nodes]
+            vbmap = agents[0].vbmap if agents[0] is not None else None
+            if vbmap is None or len(vbmap.servers) < 3 or vbmap.forward is not None:
+                return False
+            if any(a is None or a.revision != agents[0].revision for a in agents):
+                return False
+            held = [[n.bucket.vbucket(vb).state for n in nodes] for vb in range(nvb)]
+            return all(
+                s.count(VBucketState.ACTIVE) == 1 and s.count(VBucketState.REPLICA) == 1
+                for s in held
+            )
+
+        await until(settled, "balanced map held by the nodes", timeout=45)
+        vbmap = nodes[0].cluster.agent.vbmap  # type: ignore[union-attr]
+        assert vbmap is not None
+        counts = vbmap.counts()
+        assert sorted(a for a, _ in counts.values()) == [2, 3, 3]
+        by_name = {n.config.node_name: n for n in nodes}
+        pairs = [tuple(by_name[x] for x in vbmap.names(vb) if x) for vb in range(nvb)]
+        for vb, (active, _replica) in enumerate(pairs):
+            assert active.bucket.vbucket(vb).state == VBucketState.ACTIVE
+            async with client_of(active) as c:
+                await c.set_many([(k, b"v") for k in keys_for_vb(vb, 5, nvb)])
+        await until(
+            lambda: all(
+                r.bucket.vbucket(vb).high_seqno == a.bucket.vbucket(vb).high_seqno > 0
+                for vb, (a, r) in enumerate(pairs)
+            ),
+            "every vbucket replicated",
+        )

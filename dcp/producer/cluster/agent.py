@@ -374,7 +374,11 @@ class ClusterAgent:
             move_timeout=cfg.move_timeout,
         )
         control = LinkControl(**self.server.replication_options())
-        await Orchestrator(self.store, leadership, control, settings).run()
+        try:
+            await Orchestrator(self.store, leadership, control, settings).run()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await control.aclose()
 
     # ------------------------------------------------------------------ STAT cluster
 
