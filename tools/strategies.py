@@ -232,7 +232,7 @@ untyped_frames = st.fixed_dictionaries(
                 int(Magic.SERVER_RESPONSE),
             ]
         ),
-        "opcode": st.sampled_from([0x5A, 0x5F, 0x60, 0x89, 0xB5, 0xEE]),
+        "opcode": st.sampled_from([0x5A, 0x5F, 0x60, 0x89, 0xB7, 0xEE]),
         "datatype": u8,
         "opaque": u32,
         "cas": u64,

@@ -63,6 +63,20 @@ _FAILOVER = [
     {"vb_uuid": 0xAABBCCDDEEFF0011, "seqno": 0},
 ]
 
+#: a two-node, two-vbucket bucket config (cluster/vbmap.py ``bucket_config``), as sent
+_CLUSTER_CONFIG = (
+    b'{"rev":7,"revEpoch":1,"name":"default","uuid":"","nodeLocator":"vbucket",'
+    b'"bucketType":"membase","numVBuckets":2,"collectionsManifestUid":"0",'
+    b'"bucketCapabilitiesVer":"","bucketCapabilities":["dcp","cbhello","cccp","nodesExt"],'
+    b'"nodes":[{"hostname":"10.0.0.1:11210","ports":{"direct":11210}},'
+    b'{"hostname":"10.0.0.2:11210","ports":{"direct":11210}}],'
+    b'"nodesExt":[{"hostname":"10.0.0.1","services":{"kv":11210},"nodeName":"n1",'
+    b'"thisNode":true},{"hostname":"10.0.0.2","services":{"kv":11210},"nodeName":"n2"}],'
+    b'"vBucketServerMap":{"hashAlgorithm":"CRC","numReplicas":1,'
+    b'"serverList":["10.0.0.1:11210","10.0.0.2:11210"],"vBucketMap":[[0,1],[1,0]]},'
+    b'"clusterCapabilitiesVer":[1,0],"clusterCapabilities":{}}'
+)
+
 #: (name, direction, description, fields given to ``spec.build_frame``)
 CASES: list[tuple[str, str, str, dict]] = [
     (
@@ -534,6 +548,38 @@ CASES: list[tuple[str, str, str, dict]] = [
         S2C,
         "GET_VBUCKET reply: the value is the state as a big-endian uint32 (3 pending).",
         _resp(Opcode.GET_VBUCKET, opaque=21, value={"state": VBucketState.PENDING}),
+    ),
+    (
+        "get_cluster_config_request",
+        C2S,
+        "GET_CLUSTER_CONFIG (0xB5): header only; asks for the bucket config clients route with.",
+        _req(Opcode.GET_CLUSTER_CONFIG, opaque=0x2A),
+    ),
+    (
+        "get_cluster_config_response",
+        S2C,
+        "GET_CLUSTER_CONFIG reply: datatype JSON, value = the bucket config (rev = the map's "
+        "epoch; vBucketServerMap.serverList and vBucketMap route a key's vbucket to a node). "
+        "A single node sends one naming itself active for every vbucket, rev 1.",
+        _resp(
+            Opcode.GET_CLUSTER_CONFIG,
+            opaque=0x2A,
+            datatype=Datatype.JSON,
+            value=_CLUSTER_CONFIG,
+        ),
+    ),
+    (
+        "get_response_not_my_vbucket_config",
+        S2C,
+        "NOT_MY_VBUCKET (0x07) in cluster mode: the value is the bucket config (datatype "
+        "JSON) instead of an error context, so the client re-routes from the answer itself.",
+        _resp(
+            Opcode.GET,
+            Status.NOT_MY_VBUCKET,
+            opaque=0x2B,
+            datatype=Datatype.JSON,
+            value=_CLUSTER_CONFIG,
+        ),
     ),
     (
         "dcp_set_vbucket_state_request",

@@ -319,6 +319,7 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
     # value: optional JSON options (datatype JSON), protocol_spec/README.md
     Opcode.SET_VBUCKET_STATE: ({1: VBucketStateExtras}, _NONE, RAW),
     Opcode.GET_VBUCKET: (_NO_EXTRAS, _NONE, NO_VALUE),
+    Opcode.GET_CLUSTER_CONFIG: (_NO_EXTRAS, _NONE, NO_VALUE),
     Opcode.DCP_OPEN: ({8: DcpOpenExtras}, (1, 200), RAW),  # key = name; value: opt. JSON
     Opcode.DCP_CLOSE_STREAM: (_NO_EXTRAS, _NONE, NO_VALUE),
     Opcode.DCP_STREAM_REQ: ({48: StreamRequestExtras}, _NONE, RAW),  # value: opt. JSON
@@ -391,6 +392,7 @@ RESPONSES: dict[int, tuple[dict[int, Construct], dict[int, Construct]]] = {
             Opcode.DCP_SEQNO_ADVANCED,
             Opcode.SET_VBUCKET_STATE,
             Opcode.DCP_SET_VBUCKET_STATE,
+            Opcode.GET_CLUSTER_CONFIG,  # value: the bucket config JSON
         )
     },
 }

@@ -25,8 +25,15 @@ from .conftest import client_of, running_server
 
 SERVER = [sys.executable, "-m", "dcp.producer"]
 
-#: GET_CLUSTER_CONFIG request, opaque 0x2a: no key, extras or value
-REQUEST = bytes.fromhex("80b5000000000000000000000000002a0000000000000000")
+VECTORS = Path(__file__).resolve().parents[2] / "protocol_spec" / "vectors"
+
+
+def _vector(name: str) -> dict:
+    return json.loads((VECTORS / f"{name}.json").read_text())
+
+
+#: the golden request (protocol_spec/vectors): opaque 0x2a, no key, extras or value
+REQUEST = bytes.fromhex(_vector("get_cluster_config_request")["hex"])
 
 
 async def _raw_call(port: int, request: bytes) -> tuple[bytes, bytes]:
@@ -44,7 +51,10 @@ async def _raw_call(port: int, request: bytes) -> tuple[bytes, bytes]:
 async def test_single_node_config_names_this_node_active_for_every_vbucket(
     server: DcpServer,
 ) -> None:
+    assert REQUEST == bytes.fromhex("80b5000000000000000000000000002a0000000000000000")
     header, body = await _raw_call(server.port, REQUEST)
+    golden = bytes.fromhex(_vector("get_cluster_config_response")["hex"])
+    assert header[:8] == golden[:8]  # the same fixed fields as the golden answer
     # response, opcode 0xb5, no key/extras, datatype JSON, SUCCESS, body, opaque 0x2a, no CAS
     assert header == bytes.fromhex("81b5000000010000") + struct.pack(">II8x", len(body), 0x2A)
     doc = json.loads(body)
