@@ -5,7 +5,8 @@ Rules of this module:
   takeover)}`` and hands all of it to the replication manager's ``reconcile`` after
   every change; the engine's vbucket state is the truth for what the node does now.
   Every way of changing states goes through here: SET_VBUCKET_STATE (``set``), the
-  static topology (``--replica-of``: every vbucket a replica of one node), and the
+  static topology (``--replica-of``: every vbucket a replica of one node), the cluster
+  map (``assign``: a whole batch, one reconcile; cluster/agent.py), and the
   replication manager itself (``ReplicaTarget.set_state`` during a takeover).
 - It is also the engine-backed ``ReplicaTarget`` (replication/target.py): snapshots go
   into the vbucket, then its streams and the flusher are woken; a real state change

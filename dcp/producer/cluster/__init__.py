@@ -1,10 +1,13 @@
-"""The cluster's control plane on etcd (issue #15): standalone parts, not yet wired into
-the server.
+"""The cluster's control plane on etcd (issue #15).
 
 Rules of this package:
-- No imports from the server or connection code: the node is reached through the small
-  Protocols defined here (``membership.NodeHooks``; the store Protocols), so every part is
-  tested alone, against a real etcd (tests/etcd/) or a fake on trio's MockClock.
+- No imports from the server or connection code, except in the two modules that wire the
+  package into the node: ``agent.py`` (``ClusterAgent``: membership, the map followed and
+  reconciled into the node's vbucket states, the orchestrator while leading) and
+  ``serving.py`` (``ClusterSide``: what the server's handlers ask). Every other part
+  reaches the node through the small Protocols defined here (``membership.NodeHooks``;
+  the store Protocols), so it is tested alone, against a real etcd (tests/etcd/) or a
+  fake on trio's MockClock. ``reconcile.py``: the node side's rules, pure.
 - ``store.py``: etcd through etcd3gw in ``trio.to_thread`` (``EtcdStore``).
 - ``vbmap.py``: the map as a value, its JSON, the bucket config clients route with;
   ``placement.py``: computing a balanced map with few moves (pure).
