@@ -35,6 +35,10 @@ from .output import CtlError, Output
 __all__ = ["RebalanceProgress", "print_lag", "print_map", "print_nodes"]
 
 
+def _why(part: dict[str, Any]) -> str:
+    return f" ({part['message']})" if part.get("message") else ""
+
+
 def _status_lines(view: ClusterView, doc: dict[str, Any]) -> list[str]:
     lines = []
     if view.vbmap is None:
@@ -57,8 +61,13 @@ def _status_lines(view: ClusterView, doc: dict[str, Any]) -> list[str]:
     rb, fo = doc["rebalance"], doc["failover"]
     if rb.get("state") == "running":
         lines.append(f"rebalance running: {rb.get('done', 0)}/{rb.get('total', 0)} vbuckets moved")
+    elif rb.get("state") in ("done", "failed"):
+        lines.append(f"last rebalance: {rb['state']}" + _why(rb))
     if fo.get("state") == "running":
         lines.append(f"failover of {fo.get('node')} running: {fo.get('message', '')}")
+    elif fo.get("state") in ("done", "failed", "refused"):
+        auto = "automatic " if fo.get("auto") else ""
+        lines.append(f"last {auto}failover of {fo.get('node')}: {fo['state']}" + _why(fo))
     for rel, req in sorted(view.requests.items()):
         lines.append(f"pending request: {rel.partition('/')[2]} (id {req.get('id')})")
     lines.extend(f"warning: {p}" for p in view.problems)

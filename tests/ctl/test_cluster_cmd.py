@@ -329,6 +329,7 @@ def test_failover_waits_for_its_own_outcome(etcd: EtcdProcess, name: str) -> Non
         proc.kill()
     assert code == 1 and err.strip() == f"dcpctl: hard failover of n3 refused: {why}"
     assert f"hard failover of n3 requested (id {req['id']}); waiting for it" in out
+    assert f"last failover of n3: refused ({why})" in ok(*cluster(etcd, name, "nodes"))
     proc = _popen(etcd, name, "failover", "n1", "--graceful")
     try:
         req = _take(etcd, name, "requests/failover")
