@@ -200,9 +200,9 @@ class ClusterAgent:
         self.live = live
         changed = addresses != self.addresses
         self.addresses = addresses
-        entry = snap.entries.get(map_key(self.cluster))
-        if entry is not None and entry.mod_revision != self.revision:
-            changed |= self._read_map(entry.value, entry.mod_revision)
+        stored = snap.entries.get(map_key(self.cluster))
+        if stored is not None and stored.mod_revision != self.revision:
+            changed |= self._read_map(stored.value, stored.mod_revision)
         if changed:
             self._refresh_config()
         if self._awaiting_map:
