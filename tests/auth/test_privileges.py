@@ -57,6 +57,7 @@ KV_ORDER = [
     Opcode.NOOP,
     Opcode.VERSION,
     Opcode.GET_VBUCKET,
+    Opcode.GET_CLUSTER_CONFIG,
     Opcode.SASL_LIST_MECHS,
     Opcode.GET,
     Opcode.SET,
