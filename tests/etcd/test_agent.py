@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from dcp.producer.cluster.membership import JoinRefused
+from dcp.producer.cluster.election import map_key
+from dcp.producer.cluster.membership import JoinRefused, NodeRecord
+from dcp.producer.cluster.store import EtcdStore
 from dcp.producer.replication.target import Assignment
 from dcp.producer.server import DcpServer
 from dcp.protocol import Opcode, Status, codec
@@ -175,3 +177,29 @@ def _run_server(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dcp.producer", *args], capture_output=True, text=True, timeout=60
     )
+
+
+async def test_malformed_records_and_maps_in_etcd_are_ignored_not_fatal(
+    etcd_server: EtcdProcess, cluster_name: str, tmp_path: Path
+) -> None:
+    ep = etcd_server.endpoint
+    prefix = f"/dcp/{cluster_name}/"
+    async with node(tmp_path, ep, cluster_name, "n1") as n1:
+        agent = n1.cluster.agent
+        assert agent is not None
+        store = EtcdStore(ep)
+        try:
+            await store.put(prefix + "members/junk", b"not json")
+            evil = NodeRecord("evil", "nohost", "u", NVB, "c")  # an address that is no address
+            await store.put(prefix + "members/evil", evil.to_json())
+            rev = await write_map(ep, cluster_name, [["n1", "evil"]] * NVB)
+            await until(lambda: agent.revision == rev, "map read")
+            assert states(n1) == [A] * NVB and "evil" not in agent.addresses
+            await store.put(map_key(cluster_name), b'{"numVBuckets": 4}')  # not a map
+            await store.put(prefix + "map", b"]")
+            await trio.sleep(0.3)
+        finally:
+            await store.aclose()
+        assert agent.revision == rev  # the last good map stays in force
+        async with client_of(n1) as c:  # the node still serves
+            await c.set(keys_for_vb(1, 1, NVB)[0], b"v")

@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 
 from dcp.producer.cluster.election import Leadership
+from dcp.producer.cluster.store import EtcdStore
 from dcp.producer.server import DcpServer
 from dcp.protocol.opcodes import VBucketState
 from tests.producer.conftest import client_of
@@ -67,6 +68,11 @@ async def test_one_orchestrator_and_the_next_takes_over_when_it_leaves(
         assert ("orchestrator", "true") in stats_leader and ("term", term) in stats_leader
         # the leader stops gracefully: it revokes its lease, the other is elected at once
         await agent.leave()
+        store = EtcdStore(ep)
+        try:  # revoked, not left to expire: the node key is gone at once
+            assert await store.get(f"/dcp/{cluster_name}/nodes/{leader}") is None
+        finally:
+            await store.aclose()
         await until(lambda: any(n == other for n, _ in running(events)), "next", timeout=10)
         assert ("stop", leader, term) in events
         [(name, new_term)] = running(events)

@@ -50,7 +50,7 @@ from .election import Election, Leadership, map_key
 from .membership import JoinRefused, Membership, NodeRecord, cluster_prefix
 from .reconcile import desired_assignment
 from .store import LeaseExpired, Snapshot, StoreUnavailable
-from .vbmap import VBucketMap, bucket_config
+from .vbmap import VBucketMap, bucket_config, split_address
 
 if TYPE_CHECKING:
     from ..server import DcpServer
@@ -113,6 +113,7 @@ class ClusterAgent:
         self._config = b""
         self._config_key: tuple[int, tuple[tuple[str, str], ...]] | None = None
         self._bad_map_revision = 0
+        self._bad_records: set[tuple[str, int]] = set()
         self._lead_scope: trio.CancelScope | None = None
 
     # ------------------------------------------------------------------ the gate
@@ -191,8 +192,11 @@ class ClusterAgent:
                     continue
                 try:
                     record = NodeRecord.from_json(entry.value)
-                except (ValueError, TypeError, KeyError):
-                    log.warning("cluster: ignoring malformed %s", key)
+                    split_address(record.address)
+                except (ValueError, TypeError, KeyError) as exc:
+                    if (key, entry.mod_revision) not in self._bad_records:
+                        self._bad_records.add((key, entry.mod_revision))
+                        log.warning("cluster: ignoring malformed %s: %s", key, exc)
                     continue
                 addresses[record.name] = record.address
                 if kind == "nodes/":
