@@ -287,13 +287,15 @@ def lag_report(
     for node in view.nodes():
         mine = [c for c in copies if c["node"] == node]
         lags = [c["lag"] for c in mine if isinstance(c["lag"], int)]
-        got = answers.get(node)
-        state = "down" if node not in view.live else "unreachable" if isinstance(got, str) else "up"
+        answer = answers.get(node)
+        state = (
+            "down" if node not in view.live else "unreachable" if isinstance(answer, str) else "up"
+        )
         nodes.append(
             {
                 "node": node,
                 "state": state,
-                "error": got if isinstance(got, str) else None,
+                "error": answer if isinstance(answer, str) else None,
                 "replicas": len(mine) if state == "up" else None,
                 "caught_up": sum(1 for x in lags if x == 0) if state == "up" else None,
                 "behind": sum(1 for x in lags if x > 0) if state == "up" else None,
