@@ -13,6 +13,10 @@ Rules of this module:
   one-down rule, allowed while the node is live (the map then fences it: it is no longer
   named, its copies go dead); a vbucket with no live replica is left unavailable and
   the report says which. A replica that does not answer ranks last but may be promoted.
+- A manual failover (hard or graceful) also removes the node from ``members/``: the
+  automatic rebalance would otherwise take a live node straight back. An automatic
+  failover keeps it a member, so a node that comes back is rebalanced in again (as a
+  replica of its old vbuckets first: its unreplicated tail is rolled back).
 - Graceful: the node must be live and every vbucket active on it must have a live
   replica; its actives are handed over to their best replicas by takeover moves
   (cluster/rebalance.py), then it leaves every chain.
@@ -97,9 +101,8 @@ async def auto_failover(orch: Orchestrator, view: ClusterView, vbmap: VBucketMap
     if await orch.write_map(plan.vbmap, view.map_revision, [gone]) is None:
         log.info("automatic failover of %s not written: the map changed or it is back", node)
         return True
-    count = await _count(orch, node)
-    if count is not None:  # the report says the count that came with it
-        orch.board.auto_count = count
+    await _count(orch, node)
+    await orch.refresh()  # the report goes out with the view that has the new count
     message = _summary(plan)
     log.warning("automatic failover: %s", message)
     orch.board.set_failover(node=node, state="done", message=message, auto=True)
@@ -123,6 +126,13 @@ async def _count(orch: Orchestrator, node: str) -> int | None:
             return count + 1
     log.error("could not count the automatic failover of %s (autofailover keeps changing)", node)
     return None
+
+
+async def _remove_member(orch: Orchestrator, node: str) -> None:
+    """A manual failover takes the node out of the roster: the operator removed it, so
+    the automatic rebalance must not take it back while it runs (it rejoins when it is
+    started again)."""
+    await orch.store.delete(orch.prefix + "members/" + node)
 
 
 async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) -> None:
@@ -160,6 +170,7 @@ async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) 
         guards = [] if node in view.live else [Guard(orch.prefix + "nodes/" + node, 0)]
         if await orch.write_map(plan.vbmap, view.map_revision, guards) is None:
             return fail("the map changed meanwhile (or the node came back): try again")
+        await _remove_member(orch, node)
         message = _summary(plan)
         log.warning("hard failover: %s", message)
         orch.board.set_failover(id=rid, node=node, state="done", message=message)
@@ -176,6 +187,7 @@ async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) 
         return fail(str(exc))
     if rolled or node in final.servers:
         return fail(f"{rolled} moves did not finish: {node} still holds copies")
+    await _remove_member(orch, node)
     message = f"{node} failed over gracefully: {len(plan.promoted)} vbuckets handed over"
     log.warning("%s", message)
     orch.board.set_failover(id=rid, node=node, state="done", message=message)

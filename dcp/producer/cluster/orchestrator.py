@@ -141,7 +141,7 @@ class Orchestrator:
         self._view = snap_view
         self._changed.set()
 
-    async def _refresh(self) -> ClusterView:
+    async def refresh(self) -> ClusterView:
         snap = await self.store.get_prefix(self.prefix)
         view = ClusterView.parse(
             self.settings.cluster, snap, max_count=self.settings.auto_failover_max_count
@@ -179,12 +179,14 @@ class Orchestrator:
             unavailable = view.vbmap.unavailable() if view.vbmap is not None else []
             self.board.observe(down, unavailable, view.auto_count)
             if self.board.dirty:
+                # cleared before the write: a change made while it is under way is
+                # written next time, not lost
+                self.board.dirty = False
                 doc = self.board.document(time.time())
                 try:
                     await self.store.put(key, json.dumps(doc, sort_keys=True).encode())
-                    self.board.dirty = False
                 except StoreUnavailable:
-                    pass  # written once etcd is back
+                    self.board.dirty = True  # written once etcd is back
             await trio.sleep(self.status_interval)
 
     async def write_map(
@@ -203,7 +205,7 @@ class Orchestrator:
         while True:
             acted = False
             try:
-                view = await self._refresh()
+                view = await self.refresh()
                 acted = await self._step(view)
             except StoreUnavailable as exc:
                 self.say(f"orchestrator: etcd unavailable ({exc}); waiting", logging.INFO)

@@ -162,14 +162,19 @@ class Mover:
         rest = [vb for vb in vbs if vb not in finished and vb not in in_flight]
         caught: set[int] = set()
         aborted: str | None = None
-        try:
+        take = [vb for vb in rest if vb in changing]
+
+        async def proceed() -> None:
+            await self._catch_up(vbmap, fwd, rest, caught)
+            await self._take_over(vbmap, fwd, take, finished)
+
+        try:  # a takeover in flight does not hold the others up: side by side
             with trio.move_on_after(self.move_timeout):
-                await self._wait_active(vbmap, fwd, in_flight, finished)
-                await self._catch_up(vbmap, fwd, rest, caught)
-                take = [vb for vb in rest if vb in changing]
-                await self._take_over(vbmap, fwd, take, finished)
-        except MoveAborted as exc:
-            aborted = str(exc)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._wait_active, vbmap, fwd, in_flight, finished)
+                    nursery.start_soon(proceed)
+        except* MoveAborted as group:
+            aborted = str(group.exceptions[0])
         finished |= caught - set(changing)
         left = [vb for vb in vbs if vb not in finished]
         if left:
