@@ -5,6 +5,7 @@ graceful failover, rebalance with eject; each answered in status with its id."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -33,7 +34,9 @@ async def _answered(h: Harness, kind: str, rid: str) -> dict[str, Any]:
     return part
 
 
-def _stage(chains: list[list[str | None]], forward: list[list[str | None]], states: dict) -> Any:
+def _stage(
+    chains: Sequence[Sequence[str | None]], forward: Sequence[Sequence[str | None]], states: dict
+) -> Any:
     """A ``before`` hook: the map a dead orchestrator left (with forward chains) and the
     nodes' states as its moves left them."""
 

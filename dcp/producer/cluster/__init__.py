@@ -13,4 +13,7 @@ Rules of this package:
   ``placement.py``: computing a balanced map with few moves (pure).
 - ``membership.py``: joining, the lease, fencing; ``election.py``: one orchestrator, and
   the guarded compare-and-swap that is the only way to write the map.
+- ``orchestrator.py`` (with ``view.py``, ``rebalance.py``, ``failover.py``,
+  ``failover_ops.py``): the decisions of the elected node; ``control.py``: how it
+  reaches the nodes (``NodeControl``).
 """

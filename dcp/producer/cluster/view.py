@@ -65,7 +65,8 @@ class ClusterView:
                 live.add(name)
             elif kind == "requests" and name in ("rebalance", "failover"):
                 requests[name] = entry
-        count, failed, auto_rev = 0, (), 0
+        count, auto_rev = 0, 0
+        failed: tuple[str, ...] = ()
         auto = snap.entries.get(p + "autofailover")
         if auto is not None:
             auto_rev = auto.mod_revision
