@@ -65,8 +65,14 @@ async def test_a_killed_node_is_failed_over_in_time_and_rejoins_as_a_replica(
         assert took <= limit, f"every vbucket writable {took:.1f} s after kill -9 (> {limit:g})"
         assert await _failed_over(c, victim)
         assert await c.failed_over_count() == 1
-        done = await until(c.status, "status", 5)
-        assert done["failover"]["node"] == victim and done["failover"]["auto"] is True
+
+        async def reported() -> dict | None:  # the status follows the map within 0.5 s
+            st = await c.status()
+            return st if st and st["failover"]["node"] == victim else None
+
+        done = await until(reported, "the status to report the failover", 10)
+        assert done["failover"]["state"] == "done" and done["failover"]["auto"] is True
+        assert done["autofailover"]["count"] == 1
         acked = writer.acked
         await until(lambda: writer.acked >= acked + 300, "writes to go on after failover", 30)
 
