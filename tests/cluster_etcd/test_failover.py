@@ -22,9 +22,11 @@ from dcp.protocol.opcodes import Opcode, Status
 from tools.chaos.procs import RawClient
 
 from .harness import EtcdCluster, expected_states, until
-from .traffic import Router, Writer, all_writable, keys_for, read_all
+from .traffic import KeyLog, Router, Writer, all_writable, keys_for, read_all
 
 NAMES = ["n1", "n2", "n3"]
+#: how long before a kill -9 a write its victim acknowledged may still be unreplicated
+UNREPLICATED_WINDOW = 2.0
 WRITERS = 3
 
 pytestmark = pytest.mark.slow
@@ -59,6 +61,7 @@ async def test_a_killed_node_is_failed_over_in_time_and_rejoins_as_a_replica(
             nursery.start_soon(writer.run, keys[i::WRITERS], stop)
         await until(lambda: writer.acked >= 300, "the load to start", 30)
 
+        killed_at = trio.current_time()
         c.kill(victim)
         took = await all_writable(writer, 1)
         limit = c.failover_timeout + 5
@@ -81,7 +84,14 @@ async def test_a_killed_node_is_failed_over_in_time_and_rejoins_as_a_replica(
         assert "replica" in expected_states(vbmap, victim).values()
         stop.set()
     await until(lambda: _converged(c), f"{victim}'s copies to converge", 60)
-    assert writer.lost(await read_all(c, list(writer.log))) == []
+
+    def unreplicated(entry: KeyLog) -> bool:
+        """Replication is asynchronous: what the victim acknowledged in its last moments
+        may not have reached a replica (docs/cluster.md); anything older, or acknowledged
+        by another node, must be there."""
+        return entry.acked_by == victim and entry.acked_at >= killed_at - UNREPLICATED_WINDOW
+
+    assert writer.lost(await read_all(c, list(writer.log)), unreplicated) == []
     c.assert_no_crash()
 
 

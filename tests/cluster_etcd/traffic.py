@@ -25,6 +25,7 @@ Rules of this module:
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -69,6 +70,8 @@ class Router:
 class KeyLog:
     acked: int | None = None  # last acknowledged version
     unacked: set[int] = field(default_factory=set)  # sent after it, never acknowledged
+    acked_by: str | None = None  # the node that acknowledged ``acked``
+    acked_at: float = 0.0  # when (trio time)
 
 
 def value_of(key: bytes, version: int) -> bytes:
@@ -143,6 +146,7 @@ class Writer:
                     pass
                 else:
                     entry.acked, entry.unacked = version, set()
+                    entry.acked_by, entry.acked_at = name, trio.current_time()
                     self.acked += 1
                     self.slowest = max(self.slowest, trio.current_time() - t0)
                     return True
@@ -161,11 +165,17 @@ class Writer:
                 await self.write(key, version)
             version += 1
 
-    def lost(self, found: dict[bytes, bytes | None]) -> list[str]:
-        """Acknowledged writes the cluster does not hold (``found``: key -> value read)."""
+    def lost(
+        self,
+        found: dict[bytes, bytes | None],
+        excuse: Callable[[KeyLog], bool] | None = None,
+    ) -> list[str]:
+        """Acknowledged writes the cluster does not hold (``found``: key -> value read),
+        except those ``excuse`` allows: a kill -9 may lose what its victim acknowledged but
+        had not replicated yet (asynchronous replication, docs/cluster.md), nothing else."""
         out = []
         for key, entry in self.log.items():
-            if entry.acked is None:
+            if entry.acked is None or (excuse is not None and excuse(entry)):
                 continue
             got = found.get(key)
             allowed = {value_of(key, v) for v in {entry.acked, *entry.unacked}}
