@@ -18,11 +18,10 @@ from tests.producer.wire import keys_for_vb
 from .agent_support import NVB, node, states, until, write_map
 from .conftest import EtcdProcess
 
-A, R, D, P = (
+A, R, D = (
     VBucketState.ACTIVE,
     VBucketState.REPLICA,
     VBucketState.DEAD,
-    VBucketState.PENDING,
 )
 KEY = keys_for_vb(0, 1, NVB)[0]
 
@@ -62,12 +61,15 @@ async def test_etcd_away_fences_keeps_the_map_and_recovers(
         await until(lambda: agent.revision == rev and agent.writes_allowed(), "map read")
         async with client_of(n1) as c:
             await c.set(KEY, b"before")
+            branches = list(n1.bucket.vbucket(0).failover_log.entries)
             etcd.stop()
             t0 = trio.current_time()
             await until(lambda: agent.fenced, "fenced", timeout=10)
             # before the lease could have expired at etcd (TTL >= 2 s after the last keepalive)
             assert trio.current_time() - t0 < agent.membership.lease_ttl
-            assert states(n1) == [P] * NVB
+            # a fence is the gate only: states, streams and history stay as they are
+            assert states(n1) == [A] * NVB
+            assert n1.bucket.vbucket(0).failover_log.entries == branches
             r = await c.store(Opcode.SET, KEY, b"during")
             assert r.status == Status.ETMPFAIL
             r = await c.delete(KEY)
@@ -84,6 +86,8 @@ async def test_etcd_away_fences_keeps_the_map_and_recovers(
             await until(lambda: not agent.etcd_reachable, "etcd seen away")
             await trio.to_thread.run_sync(etcd.start)
             await until(lambda: agent.writes_allowed() and states(n1) == [A] * NVB, "back", 30)
+            # the lease was kept: no new history branch, so no consumer is sent to roll back
+            assert n1.bucket.vbucket(0).failover_log.entries == branches
             await c.set(KEY, b"after")
             r = await c.get(KEY)
             assert bytes(r.value) == b"after"
@@ -110,19 +114,22 @@ async def test_a_lapsed_lease_waits_for_the_map_and_never_reactivates_failed_ove
         finally:
             await store.aclose()
         old_lease = agent.membership.lease
-        seen: list[list[VBucketState]] = []
+        seen: list[tuple[bool, list[VBucketState]]] = []
+        gate = n1.write_gate
+        assert gate is not None
         with trio.fail_after(20):  # registered again, resumed with the failover map
             while not (
                 agent.membership.lease != old_lease
                 and agent.revision == rev
                 and agent.writes_allowed()
             ):
-                seen.append(states(n1))
+                seen.append((gate(), states(n1)))
                 await trio.sleep(0.005)
         assert states(n1) == [D] * NVB and states(n2) == [A] * NVB
-        # from the moment n1 noticed, none of its vbuckets was active again
-        first_fenced = next((i for i, s in enumerate(seen) if A not in s), 0)
-        assert all(A not in s for s in seen[first_fenced:]), seen
+        # from the moment n1 noticed, its gate stayed closed until its vbuckets were dead:
+        # no write could land on a vbucket the map had given to n2
+        first_fenced = next((i for i, (open_, _) in enumerate(seen) if not open_), 0)
+        assert all(not open_ for open_, _ in seen[first_fenced:]), seen
         async with client_of(n1) as c:
             r = await c.store(Opcode.SET, KEY, b"v")
             assert r.status == Status.NOT_MY_VBUCKET and b'"rev":%d' % rev in bytes(r.value)

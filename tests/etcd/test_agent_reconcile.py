@@ -10,11 +10,10 @@ from dcp.producer.cluster.vbmap import VBucketMap
 from dcp.producer.replication.target import Assignment
 from dcp.protocol.opcodes import VBucketState
 
-A, R, D, P = (
+A, R, D = (
     VBucketState.ACTIVE,
     VBucketState.REPLICA,
     VBucketState.DEAD,
-    VBucketState.PENDING,
 )
 ADDR = {"n1": "h:1", "n2": "h:2", "n3": "h:3"}
 
@@ -27,7 +26,6 @@ def want(
     engine: Sequence[VBucketState] | None = None,
     current: dict[int, Assignment] | None = None,
     addresses: dict[str, str] = ADDR,
-    fenced: bool = False,
 ) -> list[Assignment]:
     vbmap = VBucketMap.from_names(
         len(chains[0]) - 1, chains, servers=["n1", "n2", "n3"], forward=forward
@@ -39,7 +37,6 @@ def want(
         addresses,
         lambda vb: held[vb],
         lambda vb: (current or {}).get(vb),
-        fenced=fenced,
     )
     return [out[vb] for vb in range(len(chains))]
 
@@ -86,12 +83,3 @@ def test_forward_a_copy_only_in_the_forward_chain_is_a_replica_of_the_active() -
     assert want(chains, "n3", forward=forward, engine=[D]) == [Assignment(R, "h:1")]
     # n2 leaves the chain but keeps following until the map drops it
     assert want(chains, "n2", forward=forward, engine=[R]) == [Assignment(R, "h:1")]
-
-
-def test_fenced_actives_are_pending_and_nothing_else_changes() -> None:
-    chains = [["n1", "n2"], ["n2", "n1"], ["n3", "n2"]]
-    assert want(chains, "n1", fenced=True) == [
-        Assignment(P),
-        Assignment(R, "h:2"),
-        Assignment(D),
-    ]

@@ -20,9 +20,12 @@ Rules of this module:
   or one that may have been failed over while away, takes no write). The KV write
   paths call it synchronously on each request (kv_handlers.py): a process frozen by
   SIGSTOP may serve a request before any task of its runs again.
-- Fencing (``fence``): the gate closes at once; active vbuckets go PENDING (ETMPFAIL:
-  retry); the orchestrator, if this node runs it, is cancelled. ``restored``: the map's
-  assignment again. ``rejoined`` (the lease lapsed: the node may have been failed
+- Fencing (``fence``): the gate closes at once (writes: ETMPFAIL, retry); the
+  orchestrator, if this node runs it, is cancelled. The vbuckets keep their states: a
+  fence is a precaution, not a decision (only the map decides who is active), and
+  turning actives pending would end every stream and, on the way back, start a new
+  history branch per vbucket for each etcd hiccup. ``restored``: the gate opens again.
+  ``rejoined`` (the lease lapsed: the node may have been failed
   over): stay fenced until a read shows the new registration, then ``resume`` and
   reconcile with the map of that read.
 - The orchestrator (cluster/orchestrator.py) runs only while this node holds the office
@@ -44,8 +47,6 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ...protocol.opcodes import VBucketState
-from ..replication.target import Assignment
 from .election import Election, Leadership, map_key
 from .membership import JoinRefused, Membership, NodeRecord, cluster_prefix
 from .reconcile import desired_assignment
@@ -273,7 +274,6 @@ class ClusterAgent:
             self.addresses,
             states.state,
             states.assignment,
-            fenced=self.membership.fenced,
         )
         changed = states.assign(want)
         if changed:
@@ -283,20 +283,11 @@ class ClusterAgent:
     # ------------------------------------------------------------------ NodeHooks
 
     def fence(self, reason: str) -> None:
-        """Close the gate (membership already did) and turn active vbuckets pending."""
+        """The gate is closed already (membership); stop orchestrating. States stay."""
         if self._lead_scope is not None:
             self._lead_scope.cancel()
-        if self._leaving:
-            return  # a graceful stop: the final flush keeps the states as they are
-        states = self.server.vbucket_states
-        bucket = self.server.bucket
-        pending = {
-            vb: Assignment(VBucketState.PENDING)
-            for vb in range(bucket.num_vbuckets)
-            if states.state(vb) == VBucketState.ACTIVE
-        }
-        states.assign(pending)
-        log.warning("cluster: fenced (%s): %d active vbuckets now pending", reason, len(pending))
+        if not self._leaving:
+            log.warning("cluster: fenced (%s): writes refused until the lease is sure", reason)
 
     def restored(self) -> None:
         log.warning("cluster: lease kept after all; back to map rev %d", self.revision)

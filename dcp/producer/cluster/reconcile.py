@@ -15,8 +15,9 @@ Rules of this module:
     asks for a takeover from C[0] is kept (the orchestrator started it: replacing it
     would cancel the hand-over); me elsewhere in C or F -> REPLICA fed from C[0];
     else DEAD.
-- A fenced node must take no write: whatever would be ACTIVE is PENDING instead
-  (``fenced=True``), which the engine answers with ETMPFAIL.
+- Fencing is not a state: a fenced node's write gate refuses writes (cluster/agent.py)
+  and its vbuckets keep the states the map gave them, so a fence that ends with the lease
+  kept costs no stream and no new history branch.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from .vbmap import VBucketMap
 __all__ = ["desired_assignment"]
 
 _ACTIVE = Assignment(VBucketState.ACTIVE)
-_PENDING = Assignment(VBucketState.PENDING)
 _DEAD = Assignment(VBucketState.DEAD)
 
 
@@ -40,8 +40,6 @@ def desired_assignment(
     addresses: Mapping[str, str],
     engine_state: Callable[[int], VBucketState],
     current: Callable[[int], Assignment | None],
-    *,
-    fenced: bool = False,
 ) -> dict[int, Assignment]:
     """The assignment of every vbucket of ``vbmap`` on node ``me`` (see the module rules).
 
@@ -76,7 +74,5 @@ def desired_assignment(
             a = replica
         else:
             a = _DEAD
-        if fenced and a.state == VBucketState.ACTIVE:
-            a = _PENDING
         out[vb] = a
     return out
