@@ -28,10 +28,12 @@ from ..engine.item import Item
 
 __all__ = [
     "BACKOFF",
+    "CLOSE_WAIT",
     "REQUESTED",
     "STREAMING",
     "TAKEOVER",
     "BadInput",
+    "Closing",
     "ReplicaStream",
     "backoff_delay",
 ]
@@ -41,6 +43,59 @@ REQUESTED = "requested"
 STREAMING = "streaming"
 BACKOFF = "backoff"
 TAKEOVER = "takeover"
+
+
+#: seconds a new stream of a vbucket waits for the end of the one closed before it; then
+#: it is asked for anyway (a source that never ends closed streams refuses it at worst)
+CLOSE_WAIT = 2.0
+
+
+class Closing:
+    """Streams closed (DCP_CLOSE_STREAM sent) whose end has not come yet, and the
+    vbuckets whose new stream waits for that end: the source keeps a closed stream until
+    its STREAM_END is out, and refuses a new request for that vbucket until then."""
+
+    __slots__ = ("by_opaque", "by_vb", "waiting")
+
+    def __init__(self) -> None:
+        self.by_opaque: dict[int, int] = {}  # opaque of the closed stream -> vb
+        self.by_vb: dict[int, tuple[int, float]] = {}  # vb -> (that opaque, when closed)
+        self.waiting: set[int] = set()  # vbuckets whose request waits for the end
+
+    def add(self, opaque: int, vb: int, now: float) -> None:
+        self.by_opaque[opaque] = vb
+        self.by_vb[vb] = (opaque, now)
+
+    def since(self, vb: int) -> float | None:
+        """When the stream of ``vb`` still being closed was closed (None: none is)."""
+        got = self.by_vb.get(vb)
+        return None if got is None else got[1]
+
+    def ended(self, opaque: int) -> int | None:
+        """The closed stream ``opaque`` is over: its vbucket if one waits for it."""
+        vb = self.by_opaque.pop(opaque, None)
+        if vb is None:
+            return None
+        if self.by_vb.get(vb, (None, 0.0))[0] == opaque:
+            del self.by_vb[vb]
+        if vb in self.waiting:
+            self.waiting.discard(vb)
+            return vb
+        return None
+
+    def give_up(self, vb: int) -> int | None:
+        """Stop waiting for ``vb``'s closed stream; its opaque (to forget), or None."""
+        got = self.by_vb.pop(vb, None)
+        self.waiting.discard(vb)
+        if got is None:
+            return None
+        self.by_opaque.pop(got[0], None)
+        return got[0]
+
+    def clear(self) -> None:
+        self.by_opaque.clear()
+        self.by_vb.clear()
+        self.waiting.clear()
 
 
 class BadInput(Exception):

@@ -29,8 +29,9 @@ import trio
 from ...protocol.errors import RemoteProtocolError
 from ...protocol.opcodes import VBucketState
 from .link import Link, LinkLost, SourceSettings
+from .make_items import make_session
 from .replica_stream import backoff_delay
-from .stream_table import StreamTable, make_session
+from .stream_table import StreamTable
 from .target import ReplicaTarget
 
 __all__ = ["SourceConnection"]

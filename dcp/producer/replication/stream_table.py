@@ -6,14 +6,19 @@ Rules of this module:
   and handles the session's events for them; ``source.py`` owns the connection and sets
   ``link``/``nursery`` while connected (None otherwise). Every handler is synchronous
   but the rollback, which runs as a task of the connection's nursery.
-- Items are built as engine ``Item``s directly by the session's decoder (``make_session``)
-  and buffered per vbucket; each WHOLE snapshot is applied with one
+- Items are built as engine ``Item``s directly by the session's decoder (``make_session``,
+  make_items.py) and buffered per vbucket; each WHOLE snapshot is applied with one
   ``target.apply_snapshot`` when the session completes it, then its bytes are reported
   ``handed`` so flow-control acks flow. A snapshot cut short is never applied.
 - Bad input on one stream (the checks of ``replica_stream.py``, a snapshot or failover
   log the target refuses, a state message outside a takeover) closes THAT stream
-  (CLOSE_STREAM, then ``forget`` so its late frames are ignored), logs one error line
+  (CLOSE_STREAM; its late frames are ignored but for flow control), logs one error line
   and re-requests it after backoff. Other streams carry on.
+- A closed stream stays at the source until its STREAM_END is out (we ask for one on
+  close), and the source refuses another request for that vbucket on this connection
+  meanwhile (KEY_EEXISTS). So a vbucket's new stream (a replica stream turned takeover,
+  a retry after bad input) is requested only once the closed one's end (or its refusal)
+  has come back, or after ``CLOSE_WAIT`` at the latest (``replica_stream.Closing``).
 - Stream answers: ROLLBACK -> ``target.rollback`` (shielded from cancellation: a
   half-done rollback must finish) then re-request (at once the first time, with backoff
   when it repeats); refused -> retry with backoff, logged once per change of status;
@@ -37,61 +42,23 @@ import trio
 from ...protocol import events as ev
 from ...protocol.errors import StatusError
 from ...protocol.opcodes import SEQNO_MAX, Status, StreamEndStatus, StreamRequestFlag, VBucketState
-from ...protocol.session import ClientSession
-from ..engine.item import Item, ItemOp
 from .link import Link, SourceSettings
-from .replica_stream import BACKOFF, STREAMING, TAKEOVER, BadInput, ReplicaStream
+from .replica_stream import (
+    BACKOFF,
+    CLOSE_WAIT,
+    STREAMING,
+    TAKEOVER,
+    BadInput,
+    Closing,
+    ReplicaStream,
+)
 from .target import ReplicaTarget
 
-__all__ = ["StreamTable", "make_session"]
+__all__ = ["StreamTable"]
 
 log = logging.getLogger("dcp.replication")
 
-_MUT, _DEL, _EXP = int(ItemOp.MUTATION), int(ItemOp.DELETION), int(ItemOp.EXPIRATION)
 _TAKEOVER = int(StreamRequestFlag.TAKEOVER)
-
-
-def _b(x: bytes | bytearray | memoryview) -> bytes:
-    return x if type(x) is bytes else bytes(x)
-
-
-def _mutation(
-    vb: int,
-    seqno: int,
-    rev: int,
-    cas: int,
-    flags: int,
-    expiry: int,
-    _lock: int,
-    datatype: int,
-    key: bytes,
-    value: bytes,
-) -> Item:
-    return Item(vb, seqno, rev, cas, flags, expiry, datatype, _b(key), _b(value), _MUT, 0, b"")
-
-
-def _deletion(
-    vb: int,
-    seqno: int,
-    rev: int,
-    cas: int,
-    datatype: int,
-    key: bytes,
-    value: bytes,
-    dtime: int | None,
-) -> Item:
-    return Item(vb, seqno, rev, cas, 0, 0, datatype, _b(key), _b(value), _DEL, dtime or 0, b"")
-
-
-def _expiration(vb: int, seqno: int, rev: int, cas: int, key: bytes, dtime: int) -> Item:
-    return Item(vb, seqno, rev, cas, 0, 0, 0, _b(key), b"", _EXP, dtime, b"")
-
-
-def make_session(window: int) -> ClientSession:
-    """A session whose decoder builds engine ``Item``s (no conversion afterwards)."""
-    return ClientSession(
-        window=window, mutation=_mutation, deletion=_deletion, expiration=_expiration
-    )
 
 
 class StreamTable:
@@ -116,6 +83,7 @@ class StreamTable:
         self.by_opaque: dict[int, ReplicaStream] = {}  # streams requested on this link
         self.due: list[tuple[float, int, int]] = []  # (time, vb, gen) of retries
         self.due_wake = trio.Event()
+        self.closing = Closing()
         self.link: Link | None = None
         self.nursery: trio.Nursery | None = None
         self.counters = dict.fromkeys(
@@ -171,6 +139,7 @@ class StreamTable:
         self.nursery = None
         self.by_opaque.clear()
         self.due.clear()
+        self.closing.clear()
         for vb, st in list(self.streams.items()):
             if st.finishing:  # the takeover is done; its STREAM_END was lost with the link
                 del self.streams[vb]
@@ -191,6 +160,16 @@ class StreamTable:
     def request(self, st: ReplicaStream) -> None:
         link = self.link
         assert link is not None
+        since = self.closing.since(st.vb)
+        if since is not None:  # the vbucket's closed stream has not ended yet
+            if trio.current_time() - since < CLOSE_WAIT:
+                self.closing.waiting.add(st.vb)  # asked for at that stream's end
+                heapq.heappush(self.due, (since + CLOSE_WAIT, st.vb, st.gen))
+                self.due_wake.set()
+                return
+            old = self.closing.give_up(st.vb)
+            if old is not None:
+                link.session.forget(old)
         try:
             start, snap_start, snap_end, uuid = self.target.position(st.vb)
         except (ValueError, StatusError) as exc:
@@ -224,13 +203,24 @@ class StreamTable:
         self.due_wake.set()
 
     def _close(self, st: ReplicaStream) -> None:
-        """CLOSE_STREAM and forget it (its late frames then only count for flow control)."""
+        """CLOSE_STREAM; its late frames then only count for flow control, and its end
+        lets the vbucket's next stream be asked for (module rules)."""
         link = self.link
         if st.opaque is not None and link is not None:
             self.by_opaque.pop(st.opaque, None)
             if st.state != BACKOFF:
                 link.send(link.session.close_stream(st.vb)[1])
-            link.session.forget(st.opaque)
+                self.closing.add(st.opaque, st.vb, trio.current_time())
+            else:
+                link.session.forget(st.opaque)
+
+    def _closed(self, opaque: int) -> None:
+        """A stream closed earlier ended (or its request was answered no): the new
+        stream of its vbucket, if one waits, is asked for now."""
+        vb = self.closing.ended(opaque)
+        st = self.streams.get(vb) if vb is not None else None
+        if st is not None and st.state == BACKOFF and self.link is not None:
+            self.request(st)
 
     def _bad(self, st: ReplicaStream, why: str) -> None:
         log.error(
@@ -300,7 +290,7 @@ class StreamTable:
     def _ended(self, e: ev.StreamEnded) -> None:
         st = self.by_opaque.pop(e.opaque, None)
         if st is None:
-            return
+            return self._closed(e.opaque)
         if st.finishing:
             if self.streams.get(st.vb) is st:
                 del self.streams[st.vb]
@@ -313,7 +303,9 @@ class StreamTable:
 
     def _rolled_back(self, e: ev.StreamRollback) -> None:
         st = self.by_opaque.pop(e.opaque, None)
-        if st is None or self.nursery is None:
+        if st is None:
+            return self._closed(e.opaque)
+        if self.nursery is None:
             return
         self.counters["rollbacks"] += 1
         st.stopped()
@@ -344,7 +336,7 @@ class StreamTable:
     def _refused(self, e: ev.StreamRefused) -> None:
         st = self.by_opaque.pop(e.opaque, None)
         if st is None:
-            return
+            return self._closed(e.opaque)
         if e.status != st.refused:
             log.warning(
                 "%s vb %d: stream request refused: %s (retrying)",
