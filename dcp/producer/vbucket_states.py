@@ -144,7 +144,8 @@ class VBucketStates:
     def assign(self, assignment: Mapping[int, Assignment]) -> int:
         """The cluster map's assignment (cluster/agent.py): every vbucket given takes its
         assignment, in one reconcile for the whole batch. A vbucket rolling back keeps
-        its assignment (``set`` would refuse it too); the next map change retries it.
+        its assignment (``set`` would refuse it too); the agent's next reconcile (about a
+        second later) retries it.
         Returns how many vbuckets changed assignment or state."""
         changed = 0
         for vb, a in assignment.items():

@@ -133,3 +133,20 @@ async def test_a_lapsed_lease_waits_for_the_map_and_never_reactivates_failed_ove
         async with client_of(n1) as c:
             r = await c.store(Opcode.SET, KEY, b"v")
             assert r.status == Status.NOT_MY_VBUCKET and b'"rev":%d' % rev in bytes(r.value)
+
+
+async def test_a_state_changed_outside_the_map_is_put_back_without_a_map_change(
+    etcd_server: EtcdProcess, cluster_name: str, tmp_path: Path
+) -> None:
+    """A stale SET_VBUCKET_STATE (say, from an orchestrator deposed mid-command) is undone
+    by the node's periodic reconcile, not left until the next map change."""
+    ep = etcd_server.endpoint
+    async with node(tmp_path, ep, cluster_name, "n1") as n1:
+        rev = await write_map(ep, cluster_name, [["n1"]] * NVB, num_replicas=0)
+        agent = n1.cluster.agent
+        assert agent is not None
+        await until(lambda: agent.revision == rev and states(n1) == [A] * NVB, "map applied")
+        n1.vbucket_states.set(0, VBucketState.DEAD, {})
+        assert states(n1)[0] == D
+        await until(lambda: states(n1) == [A] * NVB, "vb 0 active again", timeout=10)
+        assert agent.revision == rev  # no map change was needed

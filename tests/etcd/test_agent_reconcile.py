@@ -10,10 +10,11 @@ from dcp.producer.cluster.vbmap import VBucketMap
 from dcp.producer.replication.target import Assignment
 from dcp.protocol.opcodes import VBucketState
 
-A, R, D = (
+A, R, D, P = (
     VBucketState.ACTIVE,
     VBucketState.REPLICA,
     VBucketState.DEAD,
+    VBucketState.PENDING,
 )
 ADDR = {"n1": "h:1", "n2": "h:2", "n3": "h:3"}
 
@@ -66,6 +67,15 @@ def test_forward_a_handed_over_active_stays_dead_and_the_taker_stays_active() ->
     chains, forward = [["n1", "n2"]], [["n3", "n2"]]
     assert want(chains, "n1", forward=forward, engine=[D]) == [Assignment(D)]
     assert want(chains, "n3", forward=forward, engine=[A]) == [Assignment(A)]
+
+
+def test_forward_a_source_mid_takeover_stays_pending_until_it_is_handed_over() -> None:
+    """The takeover's source turns PENDING once caught up (dcp/producer/takeover.py):
+    reconciling it back to ACTIVE then would abort the hand-over."""
+    chains, forward = [["n1", "n2"]], [["n3", "n2"]]
+    assert want(chains, "n1", forward=forward, engine=[P]) == [Assignment(P)]
+    # without a move in flight, a pending head is an anomaly: the map's ACTIVE wins
+    assert want(chains, "n1", engine=[P]) == [Assignment(A)]
 
 
 def test_forward_keeps_a_takeover_in_flight_but_not_one_from_elsewhere() -> None:

@@ -11,9 +11,11 @@ Rules of this module:
   cluster prefix, and the campaign for orchestrator.
 - The follower reads ``/dcp/<cluster>/`` every ``interval`` (one range read: the map,
   the members' addresses, the live nodes). A new map (or a member's new address) is
-  reconciled into ``VBucketStates`` in one batch (cluster/reconcile.py has the rules).
-  A map that does not decode, or is for another vbucket count, is logged and ignored.
-  etcd away: the last map stays in force (no reconcile happens without a new map) and
+  reconciled into ``VBucketStates`` in one batch (cluster/reconcile.py has the rules),
+  and so is the same map every ``DRIFT_TICKS`` reads: states changed outside the map,
+  or a vbucket a change skipped while it rolled back, are put right without waiting for
+  the next map. A map that does not decode, or is for another vbucket count, is logged and ignored.
+  etcd away: the last map stays in force and
   the lease decides whether writes continue (membership's fencing).
 - The write gate: ``writes_allowed()`` is false while membership says the lease may
   have lapsed, and until the node has read a map that names it (a node never placed,
@@ -58,6 +60,11 @@ if TYPE_CHECKING:
     from .store import EtcdStore
 
 __all__ = ["ClusterAgent", "JoinRefused", "RunOrchestrator"]
+
+#: every how many reads of etcd the node reconciles even without a map change: what a
+#: map change could not apply (a vbucket that was rolling back) or what changed its
+#: states outside the map (a stale SET_VBUCKET_STATE) is put right within about a second
+DRIFT_TICKS = 4
 
 log = logging.getLogger("dcp.cluster")
 
@@ -110,6 +117,7 @@ class ClusterAgent:
         self.etcd_reachable = False
         self._named = False
         self._awaiting_map = False
+        self._ticks = 0
         self._leaving = False
         self._config = b""
         self._config_key: tuple[int, tuple[tuple[str, str], ...]] | None = None
@@ -218,7 +226,8 @@ class ClusterAgent:
             self._awaiting_map = False
             log.warning("cluster: %s resumes with map rev %d", self.node_name, self.revision)
             changed = True
-        if changed:
+        self._ticks += 1
+        if changed or self._ticks % DRIFT_TICKS == 0:
             self.reconcile()
 
     def _read_map(self, value: bytes, revision: int) -> bool:

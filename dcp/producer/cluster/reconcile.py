@@ -8,8 +8,9 @@ Rules of this module:
   moving, else None; ``me`` = this node):
   * F is None: me == C[0] -> ACTIVE; me in C[1:] -> REPLICA fed from C[0]'s address
     (no source while C[0] is None or has no known address: the replica waits); else DEAD.
-  * F given: me == C[0] -> ACTIVE, except a vbucket the engine holds DEAD stays DEAD (a
-    takeover handed it to F[0]: re-activating it would make two actives);
+  * F given: me == C[0] -> ACTIVE, except a vbucket the engine holds PENDING or DEAD
+    keeps that state (a takeover is handing it to F[0] or has: re-activating it would
+    abort the hand-over or make two actives);
     me == F[0] != C[0] -> REPLICA fed from C[0], except a vbucket the engine already
     holds ACTIVE stays ACTIVE (the takeover is done) and an assignment that already
     asks for a takeover from C[0] is kept (the orchestrator started it: replacing it
@@ -29,6 +30,9 @@ from ..replication.target import Assignment
 from .vbmap import VBucketMap
 
 __all__ = ["desired_assignment"]
+
+#: the states a takeover's source passes through (dcp/producer/takeover.py)
+_HANDING_OVER = (VBucketState.PENDING, VBucketState.DEAD)
 
 _ACTIVE = Assignment(VBucketState.ACTIVE)
 _DEAD = Assignment(VBucketState.DEAD)
@@ -61,7 +65,8 @@ def desired_assignment(
             else:
                 a = _DEAD
         elif head == me:
-            a = _DEAD if engine_state(vb) == VBucketState.DEAD else _ACTIVE
+            held = engine_state(vb)
+            a = Assignment(held) if held in _HANDING_OVER else _ACTIVE
         elif forward[0] == me:
             now = current(vb)
             if engine_state(vb) == VBucketState.ACTIVE:
