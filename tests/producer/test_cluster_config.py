@@ -186,3 +186,23 @@ def test_cli_refuses_cluster_without_node_name_in_one_line(tmp_path: Path) -> No
     assert proc.stderr.strip().splitlines() == [
         "dcp-server: cluster needs node_name (this node's unique name)"
     ]
+
+
+def test_the_golden_config_answers_are_what_the_server_code_builds() -> None:
+    """The vectors of protocol_spec/ are not hand-made: ``bucket_config`` encoded as the
+    node encodes it gives the golden value, and the node's answer framing (a SUCCESS with
+    datatype JSON; a NOT_MY_VBUCKET carrying the config) gives the golden frames."""
+    from dcp.producer.cluster.vbmap import VBucketMap, bucket_config
+    from dcp.protocol.opcodes import Datatype
+
+    vbmap = VBucketMap.from_names(1, [["n1", "n2"], ["n2", "n1"]], servers=["n1", "n2"])
+    doc = bucket_config(vbmap, {"n1": "10.0.0.1:11210", "n2": "10.0.0.2:11210"}, 7, "n1")
+    value = json.dumps(doc, separators=(",", ":")).encode()
+    answer = codec.response(
+        Opcode.GET_CLUSTER_CONFIG, opaque=0x2A, datatype=Datatype.JSON, value=value
+    )
+    assert answer.hex() == _vector("get_cluster_config_response")["hex"]
+    nmvb = codec.response(
+        Opcode.GET, Status.NOT_MY_VBUCKET, opaque=0x2B, datatype=Datatype.JSON, value=value
+    )
+    assert nmvb.hex() == _vector("get_response_not_my_vbucket_config")["hex"]
