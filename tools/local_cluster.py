@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -32,9 +31,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from base64 import b64decode, b64encode
 from collections.abc import Callable
 from pathlib import Path
+
+import trio
+
+from dcp.producer.cluster.membership import cluster_prefix
+from dcp.producer.cluster.store import EtcdStore, StoreUnavailable
 
 ETCD_PORT = 2379  # the peer port is the next one
 FIRST_PORT = 11210
@@ -82,22 +85,20 @@ def _etcd_healthy(client: str) -> bool:
 
 
 def _registered(client: str, names: list[str]) -> set[str]:
-    """Which of ``names`` have a ``nodes/`` key in etcd (etcd's JSON gateway, one read)."""
-    prefix = f"/dcp/{CLUSTER}/nodes/"
-    body = json.dumps(
-        {
-            "key": b64encode(prefix.encode()).decode(),
-            "range_end": b64encode(prefix[:-1].encode() + b"0").decode(),  # "/" + 1
-            "keys_only": True,
-        }
-    ).encode()
-    req = urllib.request.Request(client + "/v3/kv/range", data=body, method="POST")
-    try:
-        with urllib.request.urlopen(req, timeout=2) as r:
-            kvs = json.loads(r.read()).get("kvs", [])
-    except (urllib.error.URLError, OSError, ValueError):
-        return set()
-    return {b64decode(kv["key"]).decode()[len(prefix) :] for kv in kvs} & set(names)
+    """Which of ``names`` have a ``nodes/`` key in etcd (one read through ``EtcdStore``)."""
+    prefix = f"{cluster_prefix(CLUSTER)}nodes/"
+
+    async def read() -> set[str]:
+        store = EtcdStore(client)
+        try:
+            snap = await store.get_prefix(prefix)
+        except StoreUnavailable:
+            return set()
+        finally:
+            await store.aclose()
+        return {key[len(prefix) :] for key in snap.entries}
+
+    return trio.run(read) & set(names)
 
 
 def _wait(
