@@ -76,7 +76,15 @@ async def test_a_name_held_by_a_live_node_is_refused(
     held = await store.get(f"/dcp/{cluster_name}/nodes/n1")
     assert held is not None and held.lease == again.lease
     await again.leave()
-    # once the name is free, another node may take it
+    # gone, but still in the roster: the map may still name n1, and its data is in "a",
+    # so another directory (here "b"; an empty one after a disk swap alike) is refused
+    with pytest.raises(JoinRefused, match=r"'n1' is a member .* another data directory"):
+        await clash.join()
+    fresh = node(store, cluster_name, "n1", tmp_path / "empty", port=11213)
+    with pytest.raises(JoinRefused, match=r"is an empty data directory: fail n1 over or eject"):
+        await fresh.join()
+    # once it left the roster (an eject or a manual failover), the name is free
+    await store.delete(f"/dcp/{cluster_name}/members/n1")
     await clash.join()
     await clash.leave()
 
@@ -107,18 +115,22 @@ async def test_another_clusters_data_dir_is_refused(
         await node(store, cluster_name, "n1", d).join()
 
 
-async def test_a_lapsed_node_frees_its_name(
+async def test_a_lapsed_node_leaves_nodes_but_keeps_its_name(
     store: EtcdStore, cluster_name: str, tmp_path: Path
 ) -> None:
-    """A node that stops (no leave: killed) is gone from nodes/ when its lease expires."""
+    """A node that stops (no leave: killed) is gone from nodes/ when its lease expires,
+    and only its own data directory may take the name again."""
     m = node(store, cluster_name, "n1", tmp_path / "a")
     await m.join()
     key = f"/dcp/{cluster_name}/nodes/n1"
     with trio.fail_after(10):
         while await store.get(key) is not None:
             await trio.sleep(0.2)
-    rec = await node(store, cluster_name, "n1", tmp_path / "b").join()
-    assert rec.uuid != m.record.uuid  # type: ignore[union-attr]
+    # the name stays the roster's: only n1's own data directory may take it again
+    with pytest.raises(JoinRefused, match="another data directory"):
+        await node(store, cluster_name, "n1", tmp_path / "b").join()
+    rec = await node(store, cluster_name, "n1", tmp_path / "a").join()
+    assert rec.uuid == m.record.uuid  # type: ignore[union-attr]
 
 
 async def test_malformed_records_in_etcd_are_refused_not_crashed_on(

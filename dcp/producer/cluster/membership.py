@@ -8,11 +8,13 @@ Rules of this module:
   the same record without a lease (the roster: nodes that joined and were not removed,
   so a map can still name, and clients still reach, a node that is down).
 - Joining refuses, with one line (``JoinRefused``), a node whose name is held by a live
-  node with another uuid, whose vbucket count differs from the cluster's, or whose data
-  directory belongs to another cluster or node. The data directory's ``cluster.json``
-  records the cluster, its id, the node name and the node uuid; it is written on the first
-  join (atomically) and is what makes a restarted node the same node: it may take over its
-  own name even while its previous lease has not yet expired.
+  node with another uuid or is in the roster (``members/<name>``) with another uuid
+  (another data directory: its vbuckets' data is not here), whose vbucket count
+  differs from the cluster's, or whose data directory belongs to another cluster or node.
+  The data directory's ``cluster.json`` records the cluster, its id, the node name and
+  the node uuid; it is written on the first join (atomically) and is what makes a
+  restarted node the same node: it may take over its own name even while its previous
+  lease has not yet expired.
 - Fencing. etcd extends a lease by its TTL from the moment it handles a keepalive, which
   is after the node sent it: so the lease lives at least until ``sent + ttl`` (by a clock
   that runs at the node's rate). The node's *fence point* is ``sent + ttl - margin`` of
@@ -236,6 +238,7 @@ class Membership:
                 f"{where} belongs to another cluster named {self.cluster!r} "
                 f"(id {identity['cluster_id']}, this one is {cluster_id})"
             )
+        await self._check_roster(identity)
         if identity is None:
             identity = {
                 "cluster": self.cluster,
@@ -250,6 +253,29 @@ class Membership:
         await self._register()
         await self.store.put(self._key("members"), self.record.to_json())
         return self.record
+
+    async def _check_roster(self, identity: dict[str, Any] | None) -> None:
+        """A name in the roster belongs to the data directory that joined with it: a node
+        started under that name with another directory (an empty one after a disk was
+        replaced, say) would otherwise be handed the map's vbuckets with none of their
+        data, and its replicas told to roll back to nothing."""
+        if await self.store.get(self._key("nodes")) is not None:
+            return  # live: registering refuses it, naming where that node runs
+        held = await self.store.get(self._key("members"))
+        if held is None:
+            return
+        try:
+            other = NodeRecord.from_json(held.value)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise JoinRefused(f"{self._key('members')} in etcd is malformed ({exc!r})") from exc
+        mine = identity["node_uuid"] if identity is not None else None
+        if other.uuid != mine:
+            what = "an empty data directory" if identity is None else "another data directory"
+            raise JoinRefused(
+                f"node name {self.node_name!r} is a member of cluster {self.cluster!r} with "
+                f"another data directory (uuid {other.uuid}), and {self.data_dir} is "
+                f"{what}: fail {self.node_name} over or eject it (dcpctl cluster) first"
+            )
 
     async def _cluster_meta(self) -> tuple[str, int]:
         key = cluster_prefix(self.cluster) + "meta"
