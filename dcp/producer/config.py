@@ -243,6 +243,11 @@ class ServerConfig:
         for name in ("auto_failover_timeout", "move_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, not {getattr(self, name)}")
+        if not self.auto_failover_timeout > self.cluster_lease_ttl:  # counted from the last
+            raise ConfigError(  # keepalive: a timeout within the TTL would not wait at all
+                f"auto_failover_timeout ({self.auto_failover_timeout:g} s) must exceed "
+                f"cluster_lease_ttl ({self.cluster_lease_ttl} s)"
+            )
 
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")

@@ -51,8 +51,12 @@ class FakeNode:
 
 
 class FakeNodes:
-    def __init__(self, store: EtcdStore, cluster: str, nvb: int, *, writes: int = 1) -> None:
+    def __init__(
+        self, store: EtcdStore, cluster: str, nvb: int, *, writes: int = 1, lease_ttl: int = 2
+    ) -> None:
         self.store = store
+        #: the lease TTL the nodes' records state (the orchestrator dates failures by it)
+        self.lease_ttl = lease_ttl
         self.cluster = cluster
         self.nvb = nvb
         self.writes = writes
@@ -68,11 +72,17 @@ class FakeNodes:
     async def join(self, name: str) -> FakeNode:
         node = FakeNode(name, f"127.0.0.1:{20000 + len(self.nodes)}", self.nvb)
         self.nodes[name] = node
-        rec = NodeRecord(name, node.address, f"uuid-{name}", self.nvb, "cid").to_json()
+        rec = self.record(name)
         p = cluster_prefix(self.cluster)
         await self.store.put(p + "members/" + name, rec)
         await self.store.put(p + "nodes/" + name, rec)
         return node
+
+    def record(self, name: str) -> bytes:
+        node = self.nodes[name]
+        return NodeRecord(
+            name, node.address, f"uuid-{name}", self.nvb, "cid", self.lease_ttl
+        ).to_json()
 
     async def kill(self, name: str) -> None:
         self.nodes[name].up = False
@@ -83,7 +93,7 @@ class FakeNodes:
         if self.vbmap is not None:
             self.reconcile(node, self.vbmap)
         node.up = True
-        rec = NodeRecord(name, node.address, f"uuid-{name}", self.nvb, "cid").to_json()
+        rec = self.record(name)
         await self.store.put(cluster_prefix(self.cluster) + "nodes/" + name, rec)
 
     def by_address(self, address: str) -> FakeNode:

@@ -13,7 +13,7 @@ from typing import Any
 import trio
 
 from dcp.producer.cluster.election import Election, Leadership, read_map
-from dcp.producer.cluster.membership import cluster_prefix
+from dcp.producer.cluster.membership import NodeRecord, cluster_prefix
 from dcp.producer.cluster.orchestrator import Orchestrator, OrchestratorSettings
 from dcp.producer.cluster.placement import compute_map
 from dcp.producer.cluster.store import EtcdStore
@@ -211,14 +211,14 @@ async def test_refusals_leave_the_map_unchanged_and_say_why(
     etcd_server: EtcdProcess, cluster_name: str
 ) -> None:
     async with harness(
-        etcd_server, cluster_name, ["n1", "n2", "n3", "n4"], auto_failover_timeout=1.0
+        etcd_server, cluster_name, ["n1", "n2", "n3", "n4"], auto_failover_timeout=3.0
     ) as h:
         m = await h.settled_map(lambda m: len(m.servers) == 4)
         # two down at once
         await h.nodes.kill("n1")
         await h.nodes.kill("n2")
         await trio.sleep(0.2)
-        h.clock.now += 2
+        h.clock.now += 4
         st = await h.until(lambda: _failover_state(h, "refused"))
         assert "2 nodes are down (n1, n2)" in st["failover"]["message"]
         assert (await h.map())[0] == m
@@ -242,12 +242,12 @@ async def test_no_failover_that_leaves_a_vbucket_without_an_active(
     etcd_server: EtcdProcess, cluster_name: str
 ) -> None:
     async with harness(
-        etcd_server, cluster_name, ["n1", "n2"], num_replicas=0, auto_failover_timeout=1.0
+        etcd_server, cluster_name, ["n1", "n2"], num_replicas=0, auto_failover_timeout=3.0
     ) as h:
         m = await h.settled_map(lambda m: len(m.servers) == 2)
         await h.nodes.kill("n1")
         await trio.sleep(0.2)
-        h.clock.now += 2
+        h.clock.now += 4
         await h.until(lambda: _message_has(h, "have no live replica"))
         assert (await h.map())[0] == m
         st = await h.status()
@@ -260,7 +260,7 @@ async def test_the_failover_write_fails_when_the_node_came_back(
     """The node's key reappears between the decision and the write (while the
     orchestrator asks the replicas for seqnos): the guarded CAS refuses the map."""
     async with harness(
-        etcd_server, cluster_name, ["n1", "n2", "n3"], auto_failover_timeout=1.0
+        etcd_server, cluster_name, ["n1", "n2", "n3"], auto_failover_timeout=3.0
     ) as h:
         m = await h.settled_map(lambda m: len(m.servers) == 3)
         await h.nodes.kill("n1")
@@ -273,7 +273,7 @@ async def test_the_failover_write_fails_when_the_node_came_back(
                 came_back.set()
 
         h.nodes.on_seqnos = back
-        h.clock.now += 2
+        h.clock.now += 4
         with trio.fail_after(10):
             await came_back.wait()
         await trio.sleep(0.5)
@@ -281,3 +281,44 @@ async def test_the_failover_write_fails_when_the_node_came_back(
         assert await h.store.get(h.prefix + "autofailover") is None
         st = await h.status()
         assert st["down"] == {} and st["failover"]["state"] != "done"
+
+
+async def test_the_failover_clock_counts_from_the_last_keepalive_not_the_key_gone(
+    etcd_server: EtcdProcess, cluster_name: str
+) -> None:
+    """The key of a node vanishes one lease TTL after its last keepalive: the timeout is
+    counted from that keepalive (seen gone minus the TTL its record states), so kill -9
+    to failover takes the timeout, not TTL + timeout."""
+    async with harness(
+        etcd_server, cluster_name, ["n1", "n2", "n3"], auto_failover_timeout=5.0
+    ) as h:
+        assert h.nodes.lease_ttl == 2
+        m = await h.settled_map(lambda m: len(m.servers) == 3)
+        await h.until(lambda: _true(one_active_each(h, m)))
+        await h.nodes.kill("n1")
+
+        async def down() -> dict[str, Any] | None:
+            st = await h.status()
+            return st if "n1" in st.get("down", {}) else None
+
+        st = await h.until(down)
+        assert 2.0 <= st["down"]["n1"] < 2.5  # dated back by its TTL at once
+        h.clock.now += 2.8  # 4.8 s after its last keepalive
+        await trio.sleep(0.5)
+        assert (await h.map())[0] == m
+        h.clock.now += 0.4  # 5.2 s: failed over (the old clock said 3.2 s)
+        new = await h.until(lambda: _settled_without(h, "n1"), timeout=10)
+        assert new.unavailable() == []
+
+
+async def _settled_without(h: Harness, name: str) -> VBucketMap | None:
+    m, _ = await h.map()
+    return m if m is not None and m.forward is None and name not in m.servers else None
+
+
+def test_a_member_record_without_a_lease_ttl_reads_as_the_default() -> None:
+    """Records written before the TTL was in them: dated by the default TTL (5 s)."""
+    old = b'{"name": "n1", "address": "h:1", "uuid": "u", "num_vbuckets": 4, "cluster_id": "c"}'
+    assert NodeRecord.from_json(old).lease_ttl == 5
+    new = NodeRecord("n1", "h:1", "u", 4, "c", 2)
+    assert NodeRecord.from_json(new.to_json()) == new

@@ -150,6 +150,7 @@ async def test_a_closed_gate_refuses_every_write_path_with_etmpfail(tmp_path: Pa
         ({"num_replicas": 4}, "num_replicas"),
         ({"num_replicas": -1}, "num_replicas"),
         ({"auto_failover_timeout": 0}, "auto_failover_timeout"),
+        ({"auto_failover_timeout": 5, "cluster_lease_ttl": 5}, "must exceed cluster_lease_ttl"),
         ({"auto_failover_max_count": -1}, "auto_failover_max_count"),
         ({"rebalance_moves": 0}, "rebalance_moves"),
         ({"move_timeout": -1}, "move_timeout"),
@@ -169,6 +170,7 @@ def test_cluster_settings_come_from_the_environment_too() -> None:
             "DCP_CLUSTER_NAME": "blue",
             "DCP_NUM_REPLICAS": "2",
             "DCP_AUTO_FAILOVER_TIMEOUT": "3.5",
+            "DCP_CLUSTER_LEASE_TTL": "2",  # the timeout must exceed it
         },
     )
     assert (cfg.cluster, cfg.node_name, cfg.cluster_name) == ("http://127.0.0.1:2379", "n7", "blue")

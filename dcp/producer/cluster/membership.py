@@ -98,6 +98,9 @@ class NodeRecord:
     uuid: str
     num_vbuckets: int
     cluster_id: str
+    #: the node's lease TTL (s): its key vanishes that long after its last keepalive, so
+    #: the orchestrator dates a failure from when it saw the key gone minus this
+    lease_ttl: int = 5
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -111,6 +114,7 @@ class NodeRecord:
             str(doc["uuid"]),
             int(doc["num_vbuckets"]),
             str(doc["cluster_id"]),
+            int(doc.get("lease_ttl", 5)),  # records written before it existed: the default
         )
 
 
@@ -248,7 +252,12 @@ class Membership:
             }
             await trio.to_thread.run_sync(_write_identity, self.data_dir, identity)
         self.record = NodeRecord(
-            self.node_name, self.address, identity["node_uuid"], self.num_vbuckets, cluster_id
+            self.node_name,
+            self.address,
+            identity["node_uuid"],
+            self.num_vbuckets,
+            cluster_id,
+            self.lease_ttl,
         )
         await self._register()
         await self.store.put(self._key("members"), self.record.to_json())

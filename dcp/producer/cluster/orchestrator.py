@@ -13,10 +13,14 @@ Rules of this module:
   request; a rebalance request; an automatic failover; an automatic rebalance (a live
   member that holds nothing, and no map node down).
 - Automatic failover follows cluster/failover.py's rules. "Down for the timeout" is
-  measured by this orchestrator's ``clock`` from when it first saw the node's key gone
-  (a new orchestrator starts counting at its election, so it may wait longer, never
-  less). The write is guarded on the node's key being absent: a node back in time is
-  not failed over. Each automatic failover adds one to ``autofailover`` (an operator
+  counted from when the node stopped renewing its lease, as Couchbase counts from the
+  node becoming unresponsive: its key vanishes one lease TTL (from its record) after its
+  last keepalive, so the node is dated down at the moment this orchestrator's ``clock``
+  first saw the key gone, minus that TTL. Never earlier than the last keepalive: the
+  key is seen gone TTL after it at the soonest (a new orchestrator first sees it at its
+  election, later still), and etcd never grants less than the TTL asked for. The
+  write is guarded on the node's key being absent: a node back in time is not failed
+  over. Each automatic failover adds one to ``autofailover`` (an operator
   deletes or zeroes it to allow more).
 - Requests (``requests/rebalance``, ``requests/failover``) are deleted when taken (by
   their revision: a request replaced meanwhile is not lost) and answered in ``status``
@@ -118,7 +122,8 @@ class Orchestrator:
         scope.cancel()
 
     def down_for(self, node: str) -> float:
-        """Seconds (by ``clock``) since this orchestrator first saw ``node`` down."""
+        """Seconds (by ``clock``) since ``node`` stopped renewing its lease, as far as
+        this orchestrator knows (module rules)."""
         now = self.clock()
         return now - self._down_since.get(node, now)
 
@@ -135,7 +140,7 @@ class Orchestrator:
     def _observe(self, snap_view: ClusterView) -> None:
         now = self.clock()
         down = snap_view.down()
-        self._down_since = {n: self._down_since.get(n, now) for n in down}
+        self._down_since = {n: self._down_since.get(n, now - snap_view.lease_ttl(n)) for n in down}
         for problem in snap_view.problems:
             self.say(problem)
         self._view = snap_view

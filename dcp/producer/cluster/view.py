@@ -43,6 +43,8 @@ class ClusterView:
     #: pending requests by kind ("rebalance", "failover")
     requests: dict[str, Entry] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    #: members' lease TTLs (s), from their records
+    lease_ttls: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, cluster: str, snap: Snapshot, *, max_count: int) -> ClusterView:
@@ -50,6 +52,7 @@ class ClusterView:
         got = snap.entries.get(p + "map")
         vbmap = VBucketMap.from_json(got.value) if got is not None else None
         members: dict[str, str] = {}
+        ttls: dict[str, int] = {}
         live: set[str] = set()
         requests: dict[str, Entry] = {}
         problems: list[str] = []
@@ -58,7 +61,8 @@ class ClusterView:
             kind, _, name = rest.partition("/")
             if kind == "members" and name:
                 try:
-                    members[name] = NodeRecord.from_json(entry.value).address
+                    record = NodeRecord.from_json(entry.value)
+                    members[name], ttls[name] = record.address, max(0, record.lease_ttl)
                 except (ValueError, TypeError, KeyError) as exc:
                     problems.append(f"{key} is malformed ({exc!r})")
             elif kind == "nodes" and name:
@@ -88,6 +92,7 @@ class ClusterView:
             auto_rev,
             requests,
             tuple(problems),
+            ttls,
         )
 
     @property
@@ -103,6 +108,10 @@ class ClusterView:
 
     def address(self, name: str | None) -> str | None:
         return self.members.get(name) if name is not None else None
+
+    def lease_ttl(self, name: str) -> int:
+        """The member's lease TTL (the default 5 s when its record is unknown)."""
+        return self.lease_ttls.get(name, 5)
 
 
 def _idle(kind: str) -> dict[str, Any]:
