@@ -6,9 +6,11 @@ Rules of this module:
   live, each live replica's seqnos) and writes what is decided here.
 - The replica promoted is the live one with the highest seqno for the vbucket (the one
   that lost the fewest acknowledged writes); a replica whose seqnos could not be read
-  ranks below every one that answered; ties go to chain order. The other replicas stay
-  in the chain after it, the failed node's slots become empty (-1) and the node leaves
-  the server list: the map no longer counts on it, and it is not reported down.
+  ranks below every one that answered, and one that answered without the vbucket in
+  replica state is no candidate at all (it holds no copy); ties go to chain order. The
+  other replicas stay in the chain after it, the failed node's slots become empty (-1)
+  and the node leaves the server list: the map no longer counts on it, and it is not
+  reported down.
 - A vbucket active on the failed node with no live replica is left without an active
   copy (unavailable) by a hard failover; an automatic one is refused instead
   (``auto_refusal``), as are automatic failovers while two or more map nodes are down
@@ -71,7 +73,13 @@ def plan_failover(
         names = list(vbmap.names(vb))
         active, replicas = names[0], [r for r in names[1:] if r is not None and r != node]
         if active == node:
-            candidates = [r for r in replicas if r in live and r != node]
+            # a replica that answered without this vbucket in replica state has no copy
+            # to promote (dead, or not built yet): it is no candidate
+            candidates = [
+                r
+                for r in replicas
+                if r in live and r != node and (r not in seqnos or vb in seqnos[r])
+            ]
             if candidates:
                 best = max(
                     candidates,

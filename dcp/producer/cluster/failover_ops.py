@@ -97,11 +97,24 @@ async def auto_failover(orch: Orchestrator, view: ClusterView, vbmap: VBucketMap
         orch.say(f"automatic failover of {node} refused: {reason}")
         return False
     plan = plan_failover(vbmap, node, live, seqnos)
+    if plan.unavailable:
+        reason = (
+            f"{len(plan.unavailable)} vbuckets active on {node} have no replica holding a "
+            f"copy ({', '.join(map(str, plan.unavailable[:8]))}): failing it over would "
+            "leave them without an active copy"
+        )
+        orch.board.set_failover(node=node, state="refused", message=reason, auto=True)
+        orch.say(f"automatic failover of {node} refused: {reason}")
+        return False
+    # Counted before the map is written: an orchestrator that dies in between leaves one
+    # failover too many counted (fewer automatic ones allowed), never one uncounted.
+    if await _count(orch, node) is None:
+        return False
     gone = Guard(orch.prefix + "nodes/" + node, 0)
     if await orch.write_map(plan.vbmap, view.map_revision, [gone]) is None:
         log.info("automatic failover of %s not written: the map changed or it is back", node)
+        await _count(orch, node, undo=True)
         return True
-    await _count(orch, node)
     await orch.refresh()  # the report goes out with the view that has the new count
     message = _summary(plan)
     log.warning("automatic failover: %s", message)
@@ -109,7 +122,9 @@ async def auto_failover(orch: Orchestrator, view: ClusterView, vbmap: VBucketMap
     return True
 
 
-async def _count(orch: Orchestrator, node: str) -> int | None:
+async def _count(orch: Orchestrator, node: str, *, undo: bool = False) -> int | None:
+    """Add one automatic failover of ``node`` to ``autofailover`` (``undo``: take the
+    one just added back, when its map write did not land)."""
     key = orch.prefix + "autofailover"
     for _ in range(5):
         got = await orch.store.get(key)
@@ -120,10 +135,16 @@ async def _count(orch: Orchestrator, node: str) -> int | None:
                 count, failed = int(doc.get("count", 0)), list(doc.get("failed_over", []))
             except (ValueError, TypeError, AttributeError):
                 count = orch.settings.auto_failover_max_count  # it was unreadable: stay safe
-        value = json.dumps({"count": count + 1, "failed_over": [*failed, node]}).encode()
+        if undo:
+            if node in failed:
+                del failed[len(failed) - 1 - failed[::-1].index(node)]
+            count = max(0, count - 1)
+        else:
+            count, failed = count + 1, [*failed, node]
+        value = json.dumps({"count": count, "failed_over": failed}).encode()
         revision = got.mod_revision if got is not None else 0
         if await orch.store.compare_and_put(key, value, mod_revision=revision) is not None:
-            return count + 1
+            return count
     log.error("could not count the automatic failover of %s (autofailover keeps changing)", node)
     return None
 
