@@ -173,3 +173,28 @@ async def test_rebalance_request_with_eject(etcd_server: EtcdProcess, cluster_na
         assert h.nodes.violations == []
         await trio.sleep(0.3)  # n4 is live but no member: no automatic rebalance back
         assert (await h.map())[0] == new
+
+
+async def test_hard_failover_of_a_live_node_stops_its_writes_before_promoting(
+    etcd_server: EtcdProcess, cluster_name: str
+) -> None:
+    """A live node keeps acknowledging writes on its actives until it reads a new map:
+    its actives are set dead (under forward chains, so its own reconcile keeps them
+    dead) and the promoted replicas catch up with it before the map promotes them."""
+    async with harness(etcd_server, cluster_name, ["n1", "n2", "n3"]) as h:
+        m = await h.settled_map(lambda m: len(m.servers) == 3)
+        await h.until(lambda: _ok(one_active_each(h, m)))
+        mine = [vb for vb in range(16) if m.active(vb) == "n2"]
+        h.nodes.calls.clear()
+        await _request(h, "failover", {"id": "f3", "node": "n2", "graceful": False})
+        part = await _answered(h, "failover", "f3")
+        assert part["state"] == "done", part
+        assert ("n2", "DEAD", None) in h.nodes.calls
+        new, _ = await h.map()
+        assert new is not None and "n2" not in new.servers and new.forward is None
+        n2 = h.nodes.nodes["n2"]
+        assert all(n2.state[vb] == D for vb in mine)
+        for vb in mine:  # the promoted copy holds everything n2 took
+            promoted = h.nodes.nodes[new.active(vb) or ""]
+            assert promoted.state[vb] == A and promoted.seqno[vb] >= n2.seqno[vb]
+        assert h.nodes.violations == []

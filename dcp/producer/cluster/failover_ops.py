@@ -10,9 +10,11 @@ Rules of this module:
   being absent; then the ``autofailover`` count goes up by one (a CAS loop, so a reset
   by an operator at the same moment is not overwritten with an older count).
 - Hard (``requests/failover``, graceful false): as automatic without the count or the
-  one-down rule, allowed while the node is live (the map then fences it: it is no longer
-  named, its copies go dead); a vbucket with no live replica is left unavailable and
-  the report says which. A replica that does not answer ranks last but may be promoted.
+  one-down rule, also for a live node: that one is first made to stop taking writes
+  (``_stop_live_node``: forward chains, its actives set dead, replicas given a moment
+  to catch up), else refused, so there are never two actives; a vbucket with no live
+  replica is left unavailable and the report says which. A replica that does not
+  answer ranks last but may be promoted.
 - A manual failover (hard or graceful) also removes the node from ``members/``: the
   automatic rebalance would otherwise take a live node straight back. An automatic
   failover keeps it a member, so a node that comes back is rebalanced in again (as a
@@ -28,6 +30,8 @@ import json
 import logging
 from typing import TYPE_CHECKING
 
+import trio
+
 from ...protocol.opcodes import VBucketState
 from .control import ControlUnavailable
 from .failover import FailoverPlan, auto_refusal, orphans, plan_failover, replicas_to_ask
@@ -42,6 +46,12 @@ if TYPE_CHECKING:
 __all__ = ["auto_failover", "failover_request"]
 
 log = logging.getLogger("dcp.cluster")
+
+#: a live node being hard-failed-over: how often its actives are set dead and checked,
+#: how long its reconcile gets between two tries, how long replicas may take to catch up
+STOP_ATTEMPTS = 5
+STOP_SETTLE = 0.6
+CATCH_UP_WAIT = 5.0
 
 
 async def replica_seqnos(
@@ -156,6 +166,74 @@ async def _remove_member(orch: Orchestrator, node: str) -> None:
     await orch.store.delete(orch.prefix + "members/" + node)
 
 
+async def _stop_live_node(
+    orch: Orchestrator, view: ClusterView, vbmap: VBucketMap, plan: FailoverPlan
+) -> int | None:
+    """Before a live node's actives are promoted elsewhere, make it stop taking writes:
+    else it would go on acknowledging writes on them until it reads the new map, writes
+    its successors never see. The map is first written with the plan as forward chains
+    (the node stays head, the promoted replicas go on streaming from it), the node's
+    actives are set DEAD (a dead head under a forward chain stays dead: cluster/
+    reconcile.py), and the promoted replicas are given a moment to catch up with what it
+    took until then. Returns the revision to write the plan on, or None (the forward
+    chains withdrawn) when the node could not be made to stop."""
+    node = plan.node
+    actives = [vb for vb in range(vbmap.num_vbuckets) if vbmap.active(vb) == node]
+    addr = view.address(node)
+    if not actives:
+        return view.map_revision
+    if addr is None:
+        return None
+    forward = VBucketMap.from_names(
+        vbmap.num_replicas,
+        [vbmap.names(vb) for vb in range(vbmap.num_vbuckets)],
+        servers=vbmap.servers,
+        forward=[plan.vbmap.names(vb) for vb in range(vbmap.num_vbuckets)],
+    )
+    revision = await orch.write_map(forward, view.map_revision)
+    if revision is None:
+        return None
+    try:
+        for _ in range(STOP_ATTEMPTS):
+            # repeated: a node that had not read the forward map yet may reconcile a
+            # vbucket back to active once (the map it knew still said so)
+            await orch.control.set_states(addr, actives, VBucketState.DEAD)
+            await trio.sleep(STOP_SETTLE)
+            states = await orch.control.states(addr, actives)
+            if all(states.get(vb) == VBucketState.DEAD for vb in actives):
+                break
+        else:
+            raise ControlUnavailable(f"{node} keeps vbuckets active")
+        tail = await orch.control.seqnos(addr, VBucketState.DEAD)
+        await _catch_up(orch, view, plan, tail)
+    except ControlUnavailable as exc:
+        log.warning("hard failover of live %s: %s; withdrawing the forward chains", node, exc)
+        await orch.write_map(vbmap, revision)  # its heads are dead or active: reconciled
+        return None
+    return revision
+
+
+async def _catch_up(
+    orch: Orchestrator, view: ClusterView, plan: FailoverPlan, tail: dict[int, int]
+) -> None:
+    """Wait (bounded) until each promoted replica holds what the stopped node had."""
+    deadline = trio.current_time() + CATCH_UP_WAIT
+    while trio.current_time() < deadline:
+        behind = False
+        for replica in sorted(set(plan.promoted.values())):
+            addr = view.address(replica)
+            if addr is None:
+                continue
+            have = await orch.control.seqnos(addr, VBucketState.REPLICA)
+            behind |= any(
+                have.get(vb, 0) < tail.get(vb, 0) for vb, r in plan.promoted.items() if r == replica
+            )
+        if not behind:
+            return
+        await trio.sleep(0.1)
+    log.warning("hard failover of %s: replicas still behind after %g s", plan.node, CATCH_UP_WAIT)
+
+
 async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) -> None:
     req = await orch.take_request(entry)
     if req is None:
@@ -188,8 +266,16 @@ async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) 
     seqnos = await replica_seqnos(orch, view, replicas_to_ask(vbmap, node, others))
     plan = plan_failover(vbmap, node, others, seqnos)
     if not graceful:
+        revision: int | None = view.map_revision
+        if node in view.live:
+            revision = await _stop_live_node(orch, view, vbmap, plan)
+            if revision is None:
+                return fail(
+                    f"{node} is up but did not stop taking writes when asked: a hard "
+                    "failover now could make two actives; retry, or wait until it is down"
+                )
         guards = [] if node in view.live else [Guard(orch.prefix + "nodes/" + node, 0)]
-        if await orch.write_map(plan.vbmap, view.map_revision, guards) is None:
+        if await orch.write_map(plan.vbmap, revision, guards) is None:
             return fail("the map changed meanwhile (or the node came back): try again")
         await _remove_member(orch, node)
         message = _summary(plan)
