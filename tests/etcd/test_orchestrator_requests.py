@@ -198,3 +198,29 @@ async def test_hard_failover_of_a_live_node_stops_its_writes_before_promoting(
             promoted = h.nodes.nodes[new.active(vb) or ""]
             assert promoted.state[vb] == A and promoted.seqno[vb] >= n2.seqno[vb]
         assert h.nodes.violations == []
+
+
+async def test_a_node_back_in_the_roster_gets_its_former_vbuckets_as_replicas(
+    etcd_server: EtcdProcess, cluster_name: str
+) -> None:
+    """A failed-over node that returns after the others were rebalanced still holds the
+    data of its former copies (dead, seqno above 0): the rebalance that takes it back in
+    makes those its replicas (placement's ``prefer``), so its stale tail is rolled back
+    and fewer copies are built from nothing."""
+    async with harness(etcd_server, cluster_name, ["n1", "n2", "n3"], num_vbuckets=64) as h:
+        m = await h.settled_map(lambda m: len(m.servers) == 3)
+        await h.until(lambda: _ok(one_active_each(h, m)))
+        await trio.sleep(0.1)  # a few ticks: every copy holds data
+        held = {vb for vb in range(64) if "n3" in m.names(vb)}
+        await _request(h, "failover", {"id": "f4", "node": "n3", "graceful": False})
+        assert (await _answered(h, "failover", "f4"))["state"] == "done"
+        await _request(h, "rebalance", {"id": "r4", "eject": []})
+        assert (await _answered(h, "rebalance", "r4"))["state"] == "done"
+        two = await h.settled_map(lambda m: m.servers == ("n1", "n2"))
+        assert all(set(two.names(vb)) == {"n1", "n2"} for vb in range(64))
+        # n3 is started again: back in the roster, holding nothing in the map
+        await h.store.put(h.prefix + "members/n3", h.nodes.record("n3"))
+        back = await h.settled_map(lambda m: len(m.servers) == 3)
+        replicas = {vb for vb in range(64) if "n3" in back.replicas(vb)}
+        assert replicas and replicas <= held, sorted(replicas - held)
+        assert h.nodes.violations == []

@@ -266,14 +266,15 @@ async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) 
     seqnos = await replica_seqnos(orch, view, replicas_to_ask(vbmap, node, others))
     plan = plan_failover(vbmap, node, others, seqnos)
     if not graceful:
-        revision: int | None = view.map_revision
+        revision = view.map_revision
         if node in view.live:
-            revision = await _stop_live_node(orch, view, vbmap, plan)
-            if revision is None:
+            stopped = await _stop_live_node(orch, view, vbmap, plan)
+            if stopped is None:
                 return fail(
                     f"{node} is up but did not stop taking writes when asked: a hard "
                     "failover now could make two actives; retry, or wait until it is down"
                 )
+            revision = stopped
         guards = [] if node in view.live else [Guard(orch.prefix + "nodes/" + node, 0)]
         if await orch.write_map(plan.vbmap, revision, guards) is None:
             return fail("the map changed meanwhile (or the node came back): try again")

@@ -31,16 +31,18 @@ Rules of this module:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from .control import NodeControl
+from ...protocol.opcodes import VBucketState
+from .control import ControlUnavailable, NodeControl
 from .election import Leadership
 from .failover_ops import auto_failover, failover_request
 from .membership import cluster_prefix
@@ -336,8 +338,11 @@ class Orchestrator:
         in_service = sorted(view.live_members - set(eject))
         if not in_service:
             return fail("no node would be left in service")
+        prefer = await self._former_copies(view, vbmap, in_service)
         target = await trio.to_thread.run_sync(
-            compute_map, in_service, s.num_vbuckets, s.num_replicas, vbmap
+            functools.partial(
+                compute_map, in_service, s.num_vbuckets, s.num_replicas, vbmap, prefer=prefer
+            )
         )
 
         def progress(done: int, total: int) -> None:
@@ -354,6 +359,27 @@ class Orchestrator:
             return fail(f"{rolled} moves did not finish and were rolled back")
         self.board.set_rebalance(state="done", message="balanced", finished=time.time())
 
+    async def _former_copies(
+        self, view: ClusterView, vbmap: VBucketMap, nodes: Iterable[str]
+    ) -> dict[str, set[int]]:
+        """What each node the map does not name still holds data for (its dead vbuckets
+        with a high seqno above 0: a failed-over node come back). The placement gives it
+        those as replicas first, so it rolls back its unreplicated tail rather than
+        leaving it on disk, and builds fewer copies from nothing. A node that does not
+        answer is placed without a preference."""
+        out: dict[str, set[int]] = {}
+        for node in sorted(set(nodes) - set(vbmap.servers)):
+            addr = view.address(node)
+            if addr is None:
+                continue
+            try:
+                held = await self.control.seqnos(addr, VBucketState.DEAD)
+            except ControlUnavailable as exc:
+                log.info("copies %s still holds: %s", node, exc)
+                continue
+            out[node] = {vb for vb, seqno in held.items() if seqno > 0}
+        return out
+
     async def _auto_rebalance(self, view: ClusterView, vbmap: VBucketMap) -> bool:
         if view.down():
             return False
@@ -364,8 +390,11 @@ class Orchestrator:
         if not idle or key == self._settled:
             return False
         s = self.settings
+        prefer = await self._former_copies(view, vbmap, live)
         target = await trio.to_thread.run_sync(
-            compute_map, sorted(live), s.num_vbuckets, s.num_replicas, vbmap
+            functools.partial(
+                compute_map, sorted(live), s.num_vbuckets, s.num_replicas, vbmap, prefer=prefer
+            )
         )
         same = target.servers == vbmap.servers and all(
             target.names(vb) == vbmap.names(vb) for vb in range(vbmap.num_vbuckets)
