@@ -32,6 +32,7 @@ async def test_writes_and_streams_ride_out_etcd_restarts_without_failover(
 ) -> None:
     c = etcd_cluster
     c.lease_ttl = TTL
+    c.failover_timeout = TTL + 4  # it must exceed the lease TTL (config.py)
     await c.start(*NAMES)
     vbmap, rev = await c.wait_settled(NAMES, timeout=60)
     router = Router(c)
