@@ -4,12 +4,21 @@ and settling half-done moves (a move that timed out, or one a dead orchestrator 
 Rules of this module:
 - A batch is published as the map's forward chains (``vBucketMapForward``): the nodes
   build the copies it names as replicas of the current active (cluster/agent.py
-  reconciles them). A new copy has caught up when its replica high seqno reaches the
+  reconciles them). The mover also tells each node with a new copy at once (the same
+  replica assignment the node's reconcile computes, so the two never disagree): a node
+  reads etcd only every so often, and every batch would wait for that. Not the new
+  active of a move: its takeover must wait until its node has read the forward map
+  (else a reconcile of the older map could call the takeover off), and its copy having
+  caught up is what shows that. A new copy has
+  caught up when its replica high seqno reaches the
   active's high seqno read after the batch was published (polled). A vbucket whose
   active changes is then handed over by a TAKEOVER stream: the new active is told
   ``REPLICA {"source": old, "takeover": true}`` and polled until it is ACTIVE (the old
   one turns itself DEAD on the way). Finishing the batch writes those chains as the
   current ones, without forward chains. Moves that change the active go first.
+- Waits poll the nodes quickly at first and then more slowly (``poll_interval`` at most):
+  a batch's copies and takeovers usually finish within tens of milliseconds, and a fixed
+  poll would cost each batch that interval twice.
 - Every vbucket of a batch has ``move_timeout`` to finish; what has not by then is
   settled. Settling decides by what the nodes say, never by time alone: a new active
   that is ACTIVE wins (the move is finished); otherwise its takeover is stopped (it is
@@ -100,6 +109,7 @@ class Mover:
                 fwd[m.vb] = list(m.new)
             latest = VBucketMap.from_names(r, chains, servers=servers, forward=fwd)
             revision = await self._write(latest, revision)
+            await self._start_copies(latest)
             finished, aborted = await self.move_batch(latest)
             for vb in finished:
                 chains[vb] = fwd[vb]
@@ -137,6 +147,42 @@ class Mover:
         )
         new = VBucketMap.from_names(vbmap.num_replicas, chains, servers=vbmap.servers)
         return new, await self._write(new, revision)
+
+    def _pause(self, attempt: int) -> float:
+        """How long to wait before the next poll (module rules): 10 ms, growing by half
+        at each poll, at most ``poll``."""
+        return min(self.poll, 0.01 * 1.5**attempt)
+
+    async def _start_copies(self, vbmap: VBucketMap) -> None:
+        """Tell the nodes of the batch's new copies to replicate them from the current
+        active now, rather than when they next read the map (module rules)."""
+        pairs = []
+        for vb in vbmap.moving():
+            old = vbmap.names(vb)
+            source = self._address(old[0])
+            if source is None:
+                continue
+            new = vbmap.forward_names(vb) or ()
+            pairs += [
+                ((n, source), vb)
+                for n in new
+                if n is not None and n not in old and (n != new[0] or new[0] == old[0])
+            ]
+
+        async def tell(node: str, source: str, vbs: list[int]) -> None:
+            addr = self._address(node)
+            if addr is None:
+                return
+            try:
+                await self.ctx.control.set_states(
+                    addr, vbs, VBucketState.REPLICA, {"source": source}
+                )
+            except ControlUnavailable as exc:  # its reconcile will do it
+                log.info("starting %d copies on %s: %s", len(vbs), node, exc)
+
+        async with trio.open_nursery() as nursery:
+            for (node, source), vbs in _groups(pairs).items():
+                nursery.start_soon(tell, node, source, vbs)
 
     async def _write(self, vbmap: VBucketMap, revision: int) -> int:
         written = await self.ctx.write_map(vbmap, revision)
@@ -213,6 +259,7 @@ class Mover:
         finished: set[int],
     ) -> None:
         waiting = set(vbs)
+        attempt = 0
         while waiting:
             self._check(vbmap)
             st = await self._states_of(_groups((fwd[vb][0], vb) for vb in waiting))
@@ -220,7 +267,8 @@ class Mover:
             finished |= now
             waiting -= now
             if waiting:
-                await trio.sleep(self.poll)
+                await trio.sleep(self._pause(attempt))
+                attempt += 1
 
     async def _catch_up(
         self,
@@ -236,6 +284,7 @@ class Mover:
         need = {vb: nodes for vb, nodes in need.items() if nodes}
         target: dict[int, int] = {}
         control = self.ctx.control
+        attempt = 0
         while need:
             self._check(vbmap)
             for node, group in _groups(
@@ -261,7 +310,8 @@ class Mover:
                 caught.add(vb)
                 del need[vb]
             if need:
-                await trio.sleep(self.poll)
+                await trio.sleep(self._pause(attempt))
+                attempt += 1
 
     async def _take_over(
         self,

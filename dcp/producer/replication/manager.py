@@ -107,10 +107,11 @@ class ReplicationManager:
             ValueError: a state that is not a ``VBucketState`` or a source that is not
                 ``HOST:PORT`` (checked before anything changes).
         """
-        new = {int(vb): Assignment(VBucketState(a[0]), *a[1:]) for vb, a in assignment.items()}
-        for a in new.values():
-            if a.source is not None:
-                split_address(a.source)
+        new = {int(vb): _normal(a) for vb, a in assignment.items()}
+        # checked once per source, not per vbucket: a node reconciles its whole
+        # assignment at each SET_VBUCKET_STATE, and a rebalance sends them by the hundred
+        for source in {a.source for a in new.values() if a.source is not None}:
+            split_address(source)
         for table in (self._handover, self._done):
             for vb in [vb for vb, a in table.items() if new.get(vb) != a]:
                 del table[vb]
@@ -215,6 +216,14 @@ class ReplicationManager:
             for key, value in c.items():
                 out.append((f"source:{addr}:{key}", _text(value)))
         return out
+
+
+def _normal(a: Any) -> Assignment:
+    """``a`` as an ``Assignment`` with a ``VBucketState`` (callers may pass plain tuples
+    and ints); one that already is one is taken as it is (the common, cheap case)."""
+    if type(a) is Assignment and type(a.state) is VBucketState:
+        return a
+    return Assignment(VBucketState(a[0]), *a[1:])
 
 
 def _text(value: object) -> str:
