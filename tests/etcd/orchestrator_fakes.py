@@ -39,6 +39,8 @@ class FakeNode:
     nvb: int
     up: bool = True
     lagging: bool = False
+    #: live (its key held, it follows the map) but the orchestrator cannot reach it
+    unreachable: bool = False
     state: dict[int, VBucketState] = field(default_factory=dict)
     seqno: dict[int, int] = field(default_factory=dict)
     source: dict[int, str | None] = field(default_factory=dict)  # vb -> source node name
@@ -99,8 +101,8 @@ class FakeNodes:
     def by_address(self, address: str) -> FakeNode:
         for node in self.nodes.values():
             if node.address == address:
-                if not node.up:
-                    raise ControlUnavailable(address, "down")
+                if not node.up or node.unreachable:
+                    raise ControlUnavailable(address, "down" if not node.up else "no answer")
                 return node
         raise ControlUnavailable(address, "no such node")
 

@@ -133,6 +133,7 @@ async def test_forward_chain_feeds_the_new_node_and_a_handed_over_active_stays_d
         assert states(n1)[0] == D and states(n3)[0] == A
         await _fill(n3, 0, 5, prefix="after")
         await until(lambda: n2.bucket.vbucket(0).high_seqno == 15, "n2 follows n3")
+        await until(lambda: n1.cluster.agent.revision == rev, "n1 read the final map")
         async with client_of(n1) as c:  # the old active points clients at the new map
             r = await c.store(Opcode.SET, keys_for_vb(0, 1, NVB)[0], b"late")
             assert r.status == Status.NOT_MY_VBUCKET

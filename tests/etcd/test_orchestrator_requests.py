@@ -101,6 +101,37 @@ async def _ok(value: bool) -> bool:
     return value
 
 
+async def test_a_move_whose_live_new_active_does_not_answer_stays_in_flight(
+    etcd_server: EtcdProcess, cluster_name: str
+) -> None:
+    """n3 took vb 0 over (ACTIVE) but the orchestrator cannot reach it while its lease
+    holds: reviving n1 would make two actives, so the move keeps its forward chain (n1
+    stays dead) until n3 answers, and is then finished."""
+
+    async def before(h: Harness) -> None:
+        await _stage([["n1", "n2"], ["n2", "n1"]], [["n3", "n2"], ["n2", "n1"]], {
+            ("n1", 0): D, ("n3", 0): A,
+        })(h)  # fmt: skip
+        h.nodes.nodes["n3"].unreachable = True
+
+    async with harness(
+        etcd_server,
+        cluster_name,
+        ["n1", "n2", "n3"],
+        before=before,
+        num_vbuckets=2,
+        move_timeout=0.5,
+    ) as h:
+        await trio.sleep(2.0)  # several settling rounds
+        m, _ = await h.map()
+        assert m is not None and m.forward_names(0) == ("n3", "n2")
+        assert h.nodes.actives(0) == ["n3"] and ("n1", "ACTIVE", None) not in h.nodes.calls
+        h.nodes.nodes["n3"].unreachable = False
+        done = await h.settled_map(lambda m: m.active(0) == "n3")
+        assert done.names(0) == ("n3", "n2")
+        assert h.nodes.violations == []
+
+
 async def test_hard_failover_of_a_live_node_and_unavailable_vbuckets(
     etcd_server: EtcdProcess, cluster_name: str
 ) -> None:

@@ -23,8 +23,10 @@ Rules of this module:
   settled. Settling decides by what the nodes say, never by time alone: a new active
   that is ACTIVE wins (the move is finished); otherwise its takeover is stopped (it is
   made a plain replica of the old active), asked again (it may have won the race),
-  and only then is a non-active old copy made ACTIVE again. So a vbucket never ends
-  with two active copies, and never with none while the old active is reachable.
+  and only then is a non-active old copy made ACTIVE again. A new active that is live
+  but does not answer is not decided on: its move stays in flight (forward chain kept,
+  ``unsettled``) and a later ``resume`` settles it. So a vbucket never ends with two
+  active copies, and never with none while the old active is reachable.
 - A map node going down stops the rebalance (``MoveAborted``) after settling the batch
   in flight: the failover it needs is the orchestrator's next decision.
 - Map writes go through ``MoveContext.write_map`` (the guarded CAS); a failed CAS stops
@@ -86,6 +88,9 @@ class Mover:
         self.move_timeout = move_timeout
         self.poll = poll_interval
         self.progress = progress
+        #: moves of the last batch that could not be settled (their new active did not
+        #: answer): they keep their forward chains, to be settled by a later ``resume``
+        self.unsettled: set[int] = set()
 
     # -- the whole move -----------------------------------------------------------------
 
@@ -114,10 +119,12 @@ class Mover:
             for vb in finished:
                 chains[vb] = fwd[vb]
             rolled += len(batch) - len(finished)
-            latest = VBucketMap.from_names(r, chains, servers=servers)
+            latest = self._after(r, chains, servers, fwd)
             revision = await self._write(latest, revision)
             done += len(batch)
             self.progress(done, total)
+            if aborted is None and self.unsettled:
+                aborted = f"{len(self.unsettled)} moves unsettled: their new active does not answer"
             if aborted is not None:
                 raise MoveAborted(aborted)
         named = {n for c in chains for n in c if n is not None}
@@ -145,8 +152,23 @@ class Mover:
             len(moving) - len(finished),
             f" ({aborted})" if aborted else "",
         )
-        new = VBucketMap.from_names(vbmap.num_replicas, chains, servers=vbmap.servers)
+        fwd = [list(vbmap.forward_names(vb) or vbmap.names(vb)) for vb in range(vbmap.num_vbuckets)]
+        new = self._after(vbmap.num_replicas, chains, list(vbmap.servers), fwd)
         return new, await self._write(new, revision)
+
+    def _after(
+        self,
+        r: int,
+        chains: list[list[str | None]],
+        servers: list[str],
+        fwd: list[list[str | None]] | list[tuple[str | None, ...]],
+    ) -> VBucketMap:
+        """The map once a batch is settled: no forward chains, except for the moves
+        that could not be settled (``unsettled``), which stay in flight."""
+        if not self.unsettled:
+            return VBucketMap.from_names(r, chains, servers=servers)
+        forward = [fwd[vb] if vb in self.unsettled else chains[vb] for vb in range(len(chains))]
+        return VBucketMap.from_names(r, chains, servers=servers, forward=forward)
 
     def _pause(self, attempt: int) -> float:
         """How long to wait before the next poll (module rules): 10 ms, growing by half
@@ -195,6 +217,7 @@ class Mover:
     async def move_batch(self, vbmap: VBucketMap) -> tuple[set[int], str | None]:
         """Carry out (or settle) the moves of ``vbmap``'s forward chains; returns the
         vbuckets whose move is finished, and why the moves stopped early (or None)."""
+        self.unsettled = set()
         vbs = vbmap.moving()
         fwd = {vb: vbmap.forward_names(vb) or vbmap.names(vb) for vb in vbs}
         old = {vb: vbmap.active(vb) for vb in vbs}
@@ -361,7 +384,12 @@ class Mover:
                 log.info("stopping the takeover of %d vbuckets on %s: %s", len(group), new, exc)
         st = await self._states_of(_groups((fwd[vb][0], vb) for vb in stop))
         finished |= {vb for vb in stop if st.get(vb) == ACTIVE}
-        back = [vb for vb in stop if vb not in finished]
+        # a live new active that did not answer may be ACTIVE, taking writes: making the old
+        # copy active again could make two; such a move stays in flight (forward chain
+        # kept, the old copy kept as it is by its node's reconcile) until it answers
+        live = self.ctx.view().live  # a node whose lease is gone has fenced itself
+        self.unsettled = {vb for vb in stop if vb not in st and fwd[vb][0] in live}
+        back = [vb for vb in stop if vb not in finished and vb not in self.unsettled]
         old_st = await self._states_of(_groups((vbmap.active(vb), vb) for vb in back))
         for old, group in _groups((vbmap.active(vb), vb) for vb in back).items():
             revive = [vb for vb in group if vb in old_st and old_st[vb] != ACTIVE]
