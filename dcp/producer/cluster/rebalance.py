@@ -274,6 +274,23 @@ class Mover:
                 log.info("states of %d vbuckets on %s: %s", len(vbs), node, exc)
         return out
 
+    async def _seqnos_of(
+        self, groups: dict[Any, list[int]], state: VBucketState
+    ) -> dict[Any, dict[int, int]]:
+        """Per node that answers, the high seqnos of its grouped vbuckets in ``state``
+        (a node that does not answer contributes nothing, as in ``_states_of``)."""
+        out: dict[Any, dict[int, int]] = {}
+        for node, vbs in groups.items():
+            addr = self._address(node)
+            if addr is None:
+                continue
+            try:
+                got = await self.ctx.control.seqnos(addr, state)
+            except ControlUnavailable:
+                continue
+            out[node] = {vb: got[vb] for vb in vbs if vb in got}
+        return out
+
     async def _wait_active(
         self,
         vbmap: VBucketMap,
@@ -306,28 +323,17 @@ class Mover:
         caught |= {vb for vb, nodes in need.items() if not nodes}
         need = {vb: nodes for vb, nodes in need.items() if nodes}
         target: dict[int, int] = {}
-        control = self.ctx.control
         attempt = 0
         while need:
             self._check(vbmap)
-            for node, group in _groups(
-                (vbmap.active(vb), vb) for vb in need if vb not in target
-            ).items():
-                addr = self._address(node)
-                try:
-                    got = await control.seqnos(addr, ACTIVE) if addr else {}
-                except ControlUnavailable:
-                    continue
-                target.update({vb: got[vb] for vb in group if vb in got})
+            missing = _groups((vbmap.active(vb), vb) for vb in need if vb not in target)
+            for got in (await self._seqnos_of(missing, ACTIVE)).values():
+                target.update(got)
             pairs = [(n, vb) for vb, nodes in need.items() if vb in target for n in nodes]
-            for node, group in _groups(pairs).items():
-                addr = self._address(node)
-                try:
-                    got = await control.seqnos(addr, VBucketState.REPLICA) if addr else {}
-                except ControlUnavailable:
-                    continue
-                for vb in group:
-                    if got.get(vb, -1) >= target[vb]:
+            have = await self._seqnos_of(_groups(pairs), VBucketState.REPLICA)
+            for node, got in have.items():
+                for vb, seqno in got.items():
+                    if seqno >= target[vb]:
                         need[vb].discard(node)
             for vb in [vb for vb, nodes in need.items() if not nodes]:
                 caught.add(vb)
