@@ -27,6 +27,11 @@ A, R, D, P = VBucketState.ACTIVE, VBucketState.REPLICA, VBucketState.DEAD, VBuck
 
 
 async def _fill(server: DcpServer, vb: int, n: int) -> None:
+    # the write gate closes for a moment whenever a lease keepalive is late (a loaded
+    # machine): that is ETMPFAIL by design, so wait for it to be open
+    agent = server.cluster.agent
+    assert agent is not None
+    await until(agent.writes_allowed, "the node takes writes")
     async with client_of(server) as c:
         await c.set_many([(k, b"v-" + k) for k in keys_for_vb(vb, n, NVB, "gf")])
 
