@@ -40,6 +40,7 @@ __all__ = [
     "InvalidOffsetError",
     "KeyExists",
     "KeyNotFound",
+    "NoNodeAnsweredError",
     "NotStored",
     "RetryTimeoutError",
     "RollbackError",
@@ -110,6 +111,25 @@ class RetryTimeoutError(DcpClientError):
             f"{operation}{where} failed after {attempts} attempt(s) over {elapsed:.1f}s: "
             f"{last_error!r}"
         )
+
+
+class NoNodeAnsweredError(ConnectionLostError):
+    """No node of a bootstrap list (or of the cluster map) could be reached.
+
+    Transient (a cluster may be restarting); when the client's retries run out it is the
+    ``last_error`` of the ``RetryTimeoutError`` raised, so the message the application
+    sees names every address tried.
+
+    Attributes:
+        addresses: the ``HOST:PORT`` strings tried, in order.
+        errors: the error each one gave (same order).
+    """
+
+    def __init__(self, addresses: list[str], errors: list[BaseException]) -> None:
+        self.addresses = addresses
+        self.errors = errors
+        tried = "; ".join(f"{a}: {e!r}" for a, e in zip(addresses, errors, strict=False))
+        super().__init__(f"no node answered (tried {len(addresses)}: {tried})")
 
 
 class RollbackError(DcpClientError):
