@@ -1,11 +1,17 @@
-"""KvClient: writes and reads on the same port as DCP (SET/ADD/REPLACE/DELETE/GET).
+"""KvClient: writes and reads on the same port as DCP (SET/ADD/REPLACE/DELETE/GET), to
+one server or a cluster.
 
 Rules of this module:
-- Keys are routed to ``dcp.protocol.layout.vbucket_for_key(key, num_vbuckets)``; the client
-  must know the server's vbucket count (default 1024).
-- Pipelining: a batch is encoded into one buffer, written with one ``send_all``, and its
-  responses are matched by opaque (they may come back in any order). Single operations
-  are batches of one. Any number of tasks may use one client concurrently.
+- Keys are hashed to ``dcp.protocol.layout.vbucket_for_key(key, num_vbuckets)`` with the
+  vbucket count of the server's config, and each vbucket goes to its node: the
+  bootstrap address itself against a single server, the active node of the cluster map
+  otherwise (``kv_router.py``). The map is fetched at connect from the first bootstrap
+  address that answers and kept current on NOT_MY_VBUCKET and lost nodes
+  (``kv_nodes.py``).
+- Pipelining: a batch is encoded into one buffer per node, written with one
+  ``send_all``, and its responses are matched by opaque (they may come back in any
+  order); the nodes of a batch are asked concurrently (``kv_execute.py``). Single
+  operations are batches of one. Any number of tasks may use one client concurrently.
 - A write returns ``MutationResult`` (CAS, and vb_uuid + seqno when the server reports
   them: HELLO MutationSeqno), once the write is in the server's memory. ``durable=True``
   sends alt framing (magic 0x08) and a durability frame info of level
@@ -18,16 +24,16 @@ Rules of this module:
   is patched into the send buffer, so a retry re-sends the same bytes. The connection
   (``kv_connection.py``) matches answers by opaque straight from the received bytes.
 - Errors: bad arguments raise ``UsageError`` at once. NOT_MY_VBUCKET/ETMPFAIL/EBUSY/
-  ENOMEM answers are retried with backoff until ``timeout``. A lost connection is
-  reopened; GET and SET (same key, same value: safe to repeat) are then re-sent, while
-  ADD/REPLACE/DELETE and CAS writes fail with ``ConnectionLostError`` because whether
-  they were applied is unknown. Other statuses raise the protocol's ``StatusError``
+  ENOMEM answers, a vbucket without an active node and a lost node are retried with
+  backoff until ``timeout``; of what a lost connection left unanswered only GET and SET
+  (same key, same value: safe to repeat) are re-sent, while ADD/REPLACE/DELETE and CAS
+  writes fail with ``ConnectionLostError`` because whether they were applied is
+  unknown (``kv_execute.py``). Other statuses raise the protocol's ``StatusError``
   subclasses (``KeyNotFound``, ``KeyExists``, ``NotStored``...).
 """
 
 from __future__ import annotations
 
-import functools
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
@@ -35,68 +41,56 @@ from typing import Any, cast
 import trio
 
 from dcp.protocol import codec
+from dcp.protocol.cluster_config import Address, ClusterConfig, ConfigError, parse_addresses
 from dcp.protocol.errors import for_status
-from dcp.protocol.frames import Frame
 from dcp.protocol.layout import HDR_STORE, vbucket_for_key
-from dcp.protocol.opcodes import HelloFeature, Opcode, Status
+from dcp.protocol.opcodes import Opcode, Status
 
-from .errors import (
-    BatchWriteError,
-    ClientClosedError,
-    ConnectionLostError,
-    RetryTimeoutError,
-    SyncWriteAmbiguous,
-    UsageError,
-)
-from .kv_connection import KvConnection, Op, WriteOk
+from .errors import BatchWriteError, ClientClosedError, UsageError
+from .kv_connection import Op
+from .kv_execute import Result as _Result
+from .kv_execute import execute
+from .kv_nodes import KV_FEATURES, KvNodes
 from .kv_requests import (
     DocValue,
     KvItems,
     doc_bytes,
     durability_info,
-    durability_timeout_ms,
     get_request,
     key_bytes,
-    with_durability_timeout,
 )
 from .kv_results import GetResult, MutationResult
+from .kv_router import KvRouter
 from .security import resolve
 
-__all__ = ["DocValue", "KvClient", "KvItems"]
-
-#: One answer of ``_execute``: the response, a successful write's tuple, or the error.
-_Result = Frame | WriteOk | BaseException
+__all__ = ["KV_FEATURES", "DocValue", "KvClient", "KvItems"]
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
-_RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
-KV_FEATURES = [
-    HelloFeature.XERROR,
-    HelloFeature.JSON,
-    HelloFeature.MUTATION_SEQNO,
-    HelloFeature.ALT_REQUEST_SUPPORT,
-    HelloFeature.SYNC_REPLICATION,
-]
 _SET = int(Opcode.SET)
 
 
 class KvClient:
-    """Async KV client (pipelined).
+    """Async KV client (pipelined, routed by the cluster map).
 
     Args:
-        host, port: the server (ignored when ``connector`` is given).
-        num_vbuckets: the server's vbucket count (a power of two).
+        host: the bootstrap list: one host (with ``port``), ``"h1:p1,h2:p2"``, or a
+            list of ``"h:p"``/``(host, port)``. Any node of a cluster will do.
+        port: the port of an address given without one.
+        num_vbuckets: the server's vbucket count (a power of two); default: what the
+            server's config says. Given and contradicting it: ``UsageError`` on connect.
         timeout: seconds an operation (with its retries) may take.
-        connector: ``async () -> trio.abc.Stream`` replacing the TCP connect.
+        connector: ``async () -> trio.abc.Stream`` replacing the TCP connect; the
+            client then talks to that one server only (no cluster map is followed).
         username, password, mechanism, tls, tls_ca, tls_cert: credentials and TLS, as
             ``DcpClient`` takes them (``security.py``; env ``DCP_USERNAME``...).
     """
 
     def __init__(
         self,
-        host: str = "127.0.0.1",
+        host: str | Address | Iterable[str | Address] = "127.0.0.1",
         port: int = 11210,
         *,
-        num_vbuckets: int = 1024,
+        num_vbuckets: int | None = None,
         timeout: float = 10.0,
         connector: Connector | None = None,
         agent: str = "dcp-kv/0.1",
@@ -107,8 +101,14 @@ class KvClient:
         tls_ca: str | None = None,
         tls_cert: str | None = None,
     ) -> None:
+        if connector is None and (type(port) is not int or not 0 < port < 65536):
+            raise UsageError(f"port must be an int in 1..65535, not {port!r}")
+        try:
+            addrs = parse_addresses(host, default_port=port)
+        except ConfigError as exc:
+            raise UsageError(f"host: {exc}") from None
         security = resolve(
-            host,
+            addrs[0][0],
             username=username,
             password=password,
             mechanism=mechanism,
@@ -116,26 +116,29 @@ class KvClient:
             tls_ca=tls_ca,
             tls_cert=tls_cert,
         )
-        if connector is None:
-            if type(port) is not int or not 0 < port < 65536:
-                raise UsageError(f"port must be an int in 1..65535, not {port!r}")
-            connector = functools.partial(trio.open_tcp_stream, host, port)
-        if security.tls is not None:
-            connector = functools.partial(security.connect, connector)
-        self._credentials = security.credentials
-        if num_vbuckets <= 0 or num_vbuckets & (num_vbuckets - 1):
+        if num_vbuckets is not None and (num_vbuckets <= 0 or num_vbuckets & (num_vbuckets - 1)):
             raise UsageError(f"num_vbuckets must be a power of two, not {num_vbuckets!r}")
         if not timeout > 0:
             raise UsageError("timeout must be > 0")
-        self._connector = connector
-        self.num_vbuckets = num_vbuckets
         self.timeout = timeout
-        self._agent = agent
-        self._conn: KvConnection | None = None
-        self._connect_lock = trio.Lock()
+        self._router = KvRouter(addrs, num_vbuckets, pinned=connector is not None)
+        self._nodes = KvNodes(
+            self._router, timeout=timeout, connector=connector, security=security, agent=agent
+        )
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
         self._state = "new"
+
+    @property
+    def num_vbuckets(self) -> int:
+        """The vbucket count keys are routed with (the config's once connected)."""
+        return self._router.num_vbuckets
+
+    @property
+    def config(self) -> ClusterConfig | None:
+        """The cluster map the client routes with (None before it connected); read-only,
+        for tools: a server that knows no maps shows as a one-node config of rev 0."""
+        return self._router.config
 
     async def __aenter__(self) -> KvClient:
         if self._state != "new":
@@ -143,43 +146,23 @@ class KvClient:
         self._state = "running"
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
+        self._nodes.nursery = self._nursery
         try:
-            await self._connect_with_retry()
+            await self._nodes.bootstrap()
         except BaseException:
             await self.aclose()
             raise
         return self
 
-    async def _connect_with_retry(self) -> None:
-        start = trio.current_time()
-        attempts = 0
-        backoff = 0.05
-        while True:
-            attempts += 1
-            left = start + self.timeout - trio.current_time()
-            try:
-                with trio.fail_after(max(left, 0.001)):
-                    await self._connection()
-                return
-            except (OSError, trio.TooSlowError, ConnectionLostError) as exc:
-                elapsed = trio.current_time() - start
-                if elapsed + backoff >= self.timeout:
-                    raise RetryTimeoutError(
-                        "connect", attempts=attempts, elapsed=elapsed, last_error=exc
-                    ) from exc
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection. Idempotent."""
+        """Close every connection. Idempotent."""
         if self._state == "closed":
             return
         self._state = "closed"
-        if self._conn is not None:
-            self._conn.fail(ClientClosedError("the client is closed"))
+        self._nodes.close(ClientClosedError("the client is closed"))
         cm, self._nursery_cm = self._nursery_cm, None
         if cm is not None:
             assert self._nursery is not None
@@ -187,132 +170,13 @@ class KvClient:
             await cm.__aexit__(None, None, None)
 
     def vbucket_for(self, key: str | bytes) -> int:
-        return vbucket_for_key(key_bytes(key), self.num_vbuckets)
-
-    async def _connection(self) -> KvConnection:
-        if self._state != "running":
-            raise ClientClosedError("use the client inside `async with`, before it is closed")
-        conn = self._conn
-        if conn is not None and conn.error is None:
-            return conn
-        async with self._connect_lock:
-            conn = self._conn
-            if conn is not None and conn.error is None:
-                return conn
-            stream = await self._connector()
-            conn = KvConnection(stream)
-            assert self._nursery is not None
-            self._nursery.start_soon(conn.read_loop)
-            try:
-                await self._handshake(conn)
-            except BaseException as exc:
-                # a refused (re)login or a lost handshake: this connection and its reader
-                # end here, or every failed attempt would leave both behind
-                conn.fail(exc if isinstance(exc, Exception) else ConnectionLostError("cancelled"))
-                with trio.CancelScope(shield=True):
-                    await trio.aclose_forcefully(conn.stream)
-                raise
-            self._conn = conn
-            return conn
-
-    async def _handshake(self, conn: KvConnection) -> None:
-        """HELLO, then SASL when the client has credentials."""
-        (f,) = await conn.roundtrip(
-            [
-                Op(
-                    Opcode.HELLO,
-                    b"",
-                    0,
-                    codec.hello(self._agent, [int(x) for x in KV_FEATURES]),
-                    True,
-                )
-            ]
-        )
-        if f is None:
-            raise conn.error or ConnectionLostError("HELLO got no answer")
-        if isinstance(f, tuple):  # success with an empty value: no features
-            conn.features = set()
-        elif f.status == Status.SUCCESS:
-            conn.features = set(codec.parse_hello_features(bytes(f.value)))
-        if self._credentials is not None:
-            await conn.authenticate(self._credentials)
-
-    # ------------------------------------------------------------------ execution
+        return vbucket_for_key(key_bytes(key), self._router.num_vbuckets)
 
     async def _execute(self, ops: list[Op], durable: bool = False) -> list[_Result]:
-        """Run ``ops`` pipelined, retrying what is retriable until ``timeout``.
-
-        ``durable``: the ops are durable writes; each attempt sends the time left as
-        their durability timeout."""
-        results: list[_Result | None] = [None] * len(ops)
-        pending = list(range(len(ops)))
-        start = trio.current_time()
-        attempts = 0
-        backoff = 0.01
-        last: BaseException | None = None
-        while pending:
-            attempts += 1
-            retry: list[int] = []
-            try:
-                with trio.fail_after(max(0.001, start + self.timeout - trio.current_time())):
-                    conn = await self._connection()
-                    if durable:
-                        ms = durability_timeout_ms(start + self.timeout - trio.current_time())
-                        for i in pending:
-                            ops[i].frame = with_durability_timeout(ops[i].frame, ms)
-                    batch = await conn.roundtrip_batch([ops[i] for i in pending])
-            except (OSError, trio.TooSlowError, ConnectionLostError) as exc:
-                last = exc
-                retry = pending
-            else:
-                frames = batch.frames
-                if attempts == 1 and batch.remaining == 0 and batch.others == 0:
-                    # no None and no Frame: every answer is a successful write's tuple
-                    return cast(list[_Result], frames)
-                for i, f in zip(pending, frames, strict=True):
-                    if isinstance(f, tuple):  # a successful write (see the module rules)
-                        results[i] = f
-                    elif f is None:
-                        err = conn.error or ConnectionLostError("connection lost")
-                        if ops[i].safe_to_repeat:
-                            last = err
-                            retry.append(i)
-                        else:
-                            results[i] = ConnectionLostError(
-                                f"connection lost before the answer to opcode "
-                                f"0x{ops[i].opcode:02x} for key {ops[i].key!r}: it may or may "
-                                f"not have been applied"
-                            )
-                    elif (
-                        durable
-                        and f.status == Status.ETMPFAIL
-                        and HelloFeature.XERROR not in conn.features
-                    ):
-                        # without extended errors the server's deadline answer is ETMPFAIL
-                        results[i] = SyncWriteAmbiguous(f.status, f"key {ops[i].key!r}")
-                    elif f.status in _RETRIABLE:
-                        last = for_status(f.status, bytes(f.value))
-                        retry.append(i)
-                    else:
-                        results[i] = f
-            pending = retry
-            if pending:
-                elapsed = trio.current_time() - start
-                if elapsed >= self.timeout:
-                    err = RetryTimeoutError(
-                        f"opcode 0x{ops[pending[0]].opcode:02x}",
-                        vbucket=ops[pending[0]].vbucket,
-                        attempts=attempts,
-                        elapsed=elapsed,
-                        last_error=last,
-                    )
-                    err.__cause__ = last
-                    for i in pending:
-                        results[i] = err
-                    break
-                await trio.sleep(min(backoff, max(0.0, self.timeout - elapsed)))
-                backoff = min(backoff * 2, 0.5)
-        return cast(list[_Result], results)  # every slot was filled above
+        """Run ``ops`` on their nodes, retrying until ``timeout`` (``kv_execute.py``)."""
+        if self._state != "running":
+            raise ClientClosedError("use the client inside `async with`, before it is closed")
+        return await execute(self._nodes, ops, self.timeout, durable)
 
     def _store_op(
         self,
