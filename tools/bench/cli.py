@@ -14,7 +14,9 @@ and ``replication`` (an active and a ``--replica-of`` replica; not part of ``all
 itself, then stream-memory and stream-disk at the same size, without the Redis peer), and
 ``tls`` (not part of ``all``: stream-memory and ingest over TLS vs plaintext on the same
 server, and SCRAM/PLAIN logins per second; ``tls.py``), and ``cluster`` (not part of
-``all``: failover time and rebalance rate of a cluster on etcd; ``cluster.py``).
+``all``: failover time and rebalance rate of a cluster on etcd; ``cluster.py``), and
+``scale`` (not part of ``all``: ingest and stream-memory on one node against two;
+``scale.py``).
 Each starts its own servers on loopback ports (ours: ``dcp-server --port 0`` as a
 subprocess; the peer: ``redis-server`` on a free port with persistence off), runs ours and
 the peer alternately for ``--reps`` repetitions, and reports medians, min-max, ours/peer,
@@ -41,6 +43,7 @@ from . import report as bench_report
 from .cluster import cluster_bench
 from .procs import BenchError, ensure_redis
 from .replication import replication
+from .scale import scale
 from .scenarios import SCENARIOS, Ctx
 from .tls import tls
 
@@ -50,8 +53,15 @@ GROUPS = {
     "replication": ["replication", "stream-memory", "stream-disk"],
     "tls": ["tls"],
     "cluster": ["cluster"],
+    "scale": ["scale"],
 }
-RUNNERS = {**SCENARIOS, "replication": replication, "tls": tls, "cluster": cluster_bench}
+RUNNERS = {
+    **SCENARIOS,
+    "replication": replication,
+    "tls": tls,
+    "cluster": cluster_bench,
+    "scale": scale,
+}
 DEFAULTS = {
     "items": 1_000_000,
     "fanout_items": 200_000,
@@ -73,6 +83,9 @@ DEFAULTS = {
     "server_arg": None,
     "slow_reps": None,
     "code_root": None,
+    "configs": None,
+    "writers": 2,
+    "consumers": 2,
 }
 TINY = {
     "items": 3000,
@@ -111,6 +124,14 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
         g.add_argument("--quota-mib", type=float, help="slow-consumer: checkpoint quota (256)")
     if scenario == "cluster":
         g.add_argument("--only", help="failover or rebalance (default: both)")
+    if scenario == "scale":
+        g.add_argument(
+            "--configs",
+            help="comma-separated: c1 (1-node cluster, the baseline), c2r0 (2 nodes, no "
+            "replica), c2r1 (2 nodes, 1 replica), plain (dcp-server); default all four",
+        )
+        g.add_argument("--writers", type=int, help="writer processes (2), every configuration")
+        g.add_argument("--consumers", type=int, help="consumer processes (2), every configuration")
     if scenario == "all":
         g.add_argument("--fanout-items", type=int, help="fanout items (200000)")
         g.add_argument("--slow-items", type=int, help="slow-consumer writes (10000000)")
@@ -172,7 +193,7 @@ def options(ns: argparse.Namespace) -> argparse.Namespace:
         given["fanout_items"] = given.pop("items")
     if ns.cmd == "slow-consumer" and "items" in given:
         given["slow_items"] = given.pop("items")
-    if ns.cmd in ("replication", "tls", "cluster"):
+    if ns.cmd in ("replication", "tls", "cluster", "scale"):
         given["no_peer"] = True  # our servers only; Redis has nothing to compare here
     o.update(given)
     o["log_dir"] = tempfile.mkdtemp(prefix="dcp-bench-logs-")
@@ -197,6 +218,8 @@ def _steps(o: argparse.Namespace, names: list[str], peer: bool) -> int:
             n += o.reps * 4 + 2
         elif name == "cluster":
             n += o.reps * 2
+        elif name == "scale":
+            n += o.reps * 2 * len((o.configs or "c1,c2r0,c2r1,plain").split(","))
         else:
             n += o.reps * sides
     return n
@@ -314,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         bench_report.print_table(doc)
         if doc["peer_skipped"]:
             print(f"peer skipped: {doc['peer_skipped']}")
-        for line in doc["results"].get("cluster", {}).get("summary", []):
-            print(line)
+        for res in doc["results"].values():
+            for line in res.get("summary", []):
+                print(line)
     return 0
 
 

@@ -355,12 +355,14 @@ class Worker(_Proc):
     ``sys.path`` (not the cwd), so with ``--code-root`` the ``dcp`` it imports is the other
     checkout's, through ``PYTHONPATH``, and never this one's."""
 
-    def __init__(self, role: str, params: dict[str, Any], log_dir: str) -> None:
+    def __init__(
+        self, role: str, params: dict[str, Any], log_dir: str, script: str = "worker.py"
+    ) -> None:
         self.role = role
         self.log_path = os.path.join(log_dir, f"worker-{role}-{os.getpid()}-{id(self)}.log")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [PYTHON, str(TOOLS / "worker.py"), role, json.dumps(params)],
+            [PYTHON, str(TOOLS / script), role, json.dumps(params)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,

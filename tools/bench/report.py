@@ -27,6 +27,7 @@ GOALS: dict[str, str] = {
     "replication": ">= 300 k/s applied; lag p99 <= 5 ms at 10 k/s",
     "tls": "TLS >= 0.6x plaintext (stream-memory and ingest)",
     "cluster": "failover <= auto_failover_timeout + 2 s; rebalance >= 200 k items/s moved",
+    "scale": "2 nodes / 1 node: ingest >= 1.6x, stream-memory >= 1.3x",
 }
 
 
@@ -52,7 +53,7 @@ def evaluate(res: dict[str, Any]) -> bool | None:
     if name == "tls":
         ratios = list((res.get("tls_ratios") or {}).values())
         return bool(ratios) and all(r is not None and r >= 0.6 for r in ratios)
-    if name == "cluster":  # each part it ran against its own goal (cluster.py)
+    if name in ("cluster", "scale"):  # each part it ran against its own goal
         met = res.get("goals_met") or {}
         return all(met.values()) if met else None
     if name == "replication":
