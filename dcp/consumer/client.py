@@ -1,5 +1,6 @@
-"""DcpClient: the async (trio) consumer. Streams any set of vbuckets over one connection
-and hands the application whole snapshots.
+"""DcpClient: the async (trio) consumer. Streams any set of vbuckets, from one node over one
+connection or from a cluster over one connection per node, and hands the application whole
+snapshots.
 
 Rules of this module:
 - The application sees only whole snapshots (``SnapshotBatch``) and ``RollbackEvent``s,
@@ -15,6 +16,9 @@ Rules of this module:
   seconds without progress. Fatal errors reach the application through the iterator,
   after the batches that completed before them. This module is the application's side:
   iteration, hand-off (with its buffer acks) and commits.
+- A cluster (a bootstrap list, or a node whose config names a cluster) is followed by
+  ``cluster.py``: the same session, queue, commits and guarantees; each batch's buffer
+  ack goes to the connection that sent it (``Supervisor.conn_for``).
 - ``aclose()`` is idempotent and always releases the socket and tasks.
 - Usage errors (bad arguments, invalid offsets) raise ``UsageError`` subclasses from the
   constructor or ``__aenter__`` at once.
@@ -33,14 +37,14 @@ from dcp.protocol.flow_control import FlowControl
 from dcp.protocol.frames import DEFAULT_MAX_BODY_SIZE
 
 from .batches import Event, RollbackEvent, SnapshotBatch, SnapshotMarker, StreamEnd
-from .config import settings
+from .config import bootstrap, settings
 from .connection import DcpConnection
 from .delivery import CommitPoint, Delivery, RawChunk
 from .errors import DcpClientError, UsageError
 from .offset import Offset, StartFrom
 from .offset_store import OffsetStore
 from .rollback import RollbackPolicy
-from .security import resolve
+from .security import check_plain, resolve
 from .supervisor import Connector, Supervisor
 
 __all__ = ["DcpClient"]
@@ -68,7 +72,10 @@ class DcpClient:
     """Async DCP consumer.
 
     Args:
-        host, port: the server (ignored when ``connector`` is given).
+        host, port: the server, or a cluster's bootstrap list: ``"h1:p1,h2:p2"`` or a list
+            of ``(host, port)`` pairs (``port`` is the default for entries without one);
+            ignored when ``connector`` is given. A cluster is followed node by node
+            (docs/sdk.md, "Clusters").
         vbuckets: vbuckets to stream; None = every vbucket the server reports.
         start: where vbuckets without a saved or explicit offset start
             (``StartFrom.BEGINNING`` or ``StartFrom.NOW``).
@@ -99,6 +106,14 @@ class DcpClient:
         connector: ``async () -> trio.abc.Stream`` replacing the TCP connect (tests).
         username, password, mechanism, tls, tls_ca, tls_cert: log in after HELLO and/or
             use TLS; defaults from ``DCP_USERNAME``... (``security.py``, docs/sdk.md).
+        cluster: None (default): follow a cluster when the config says it is one; False:
+            stream from the one address given and never ask for a config; True: always
+            route by the config.
+        prefer_replica: in a cluster, stream a vbucket from a replica whose high seqno is
+            within ``max_replica_lag`` seqnos of its active's (re-checked on every config
+            refresh); otherwise from the active.
+        config_poll_interval: seconds between config polls in a cluster (moves that end
+            no stream are followed this way).
     """
 
     def __init__(
@@ -132,9 +147,14 @@ class DcpClient:
         tls: ssl.SSLContext | bool | None = None,
         tls_ca: str | None = None,
         tls_cert: str | None = None,
+        cluster: bool | None = None,
+        prefer_replica: bool = False,
+        max_replica_lag: int = 1000,
+        config_poll_interval: float = 2.5,
     ) -> None:
+        addresses = bootstrap(host, port, connector)
         security = resolve(
-            host,
+            addresses[0][0] if addresses else host,
             username=username,
             password=password,
             mechanism=mechanism,
@@ -165,7 +185,13 @@ class DcpClient:
             max_body_size=max_body_size,
             connector=connector,
             security=security,
+            cluster=cluster,
+            prefer_replica=prefer_replica,
+            max_replica_lag=max_replica_lag,
+            config_poll_interval=config_poll_interval,
         )
+        for addr_host, _ in addresses[1:]:  # a PLAIN password goes to every node
+            check_plain(addr_host, security.credentials, security.tls)
         self._cfg = cfg.connection
         self._store = offset_store
         self._delivery = Delivery()
@@ -185,6 +211,7 @@ class DcpClient:
             to_latest=to_latest,
             connect_timeout=connect_timeout,
             retry_timeout=retry_timeout,
+            routing=cfg.cluster,
         )
         self._ready: deque[Any] = deque()  # raw mode: events of the chunk being iterated
         self._state = "new"
@@ -328,14 +355,13 @@ class DcpClient:
 
     def _hand_off(self, fc: FlowControl, nbytes: int) -> None:
         n = fc.handed(nbytes)
-        conn = self._supervisor.conn
-        if (
-            n
-            and conn is not None
-            and conn.fc is fc
-            and self._nursery is not None
-            and self._state == "running"
-        ):
+        if not n or self._nursery is None or self._state != "running":
+            return
+        sup = self._supervisor
+        conn = sup.conn
+        if conn is None or conn.fc is not fc:  # a cluster: the connection that sent it
+            conn = sup.conn_for(fc)
+        if conn is not None:
             self._nursery.start_soon(conn.send_ack, n)
 
     # ------------------------------------------------------------------ commits
@@ -403,9 +429,21 @@ class DcpClient:
         out: dict[str, Any] = dict(self._stats)
         out["queued_entries"] = len(self._delivery)
         out["queued_bytes"] = self._delivery.nbytes
-        conn = self._supervisor.conn
-        out["connected"] = conn is not None and conn.error is None
-        out["flow_control"] = conn.fc.statistics() if conn is not None else None
+        sup = self._supervisor
+        conn = sup.conn
+        if sup.runner is None:
+            out["connected"] = conn is not None and conn.error is None
+            out["flow_control"] = conn.fc.statistics() if conn is not None else None
+            return out
+        cluster = sup.runner.statistics()
+        nodes = cluster["nodes"]
+        out["connected"] = any(n["connected"] for n in nodes.values())
+        totals: dict[str, int] = {}
+        for n in nodes.values():
+            for k, v in (n["flow_control"] or {}).items():
+                totals[k] = totals.get(k, 0) + v
+        out["flow_control"] = totals or None  # summed over the nodes' connections
+        out.update(cluster)
         return out
 
     @property

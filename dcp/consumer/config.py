@@ -4,16 +4,23 @@ Rules of this module:
 - Tier-1 errors only: anything wrong raises a ``UsageError`` subclass here, in the
   constructor, before any task or socket exists.
 - The result is plain data (``ClientSettings``, ``ConnectionConfig``); no I/O.
+- ``host`` is one address or a bootstrap list (``"h1:p1,h2:p2"``, pairs): parsed here by
+  ``dcp.protocol.cluster_config.parse_addresses``; ``connect_to(address)`` opens any node
+  of a cluster the way ``connector`` opens the first (TLS naming that node's host).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import trio
+
+from dcp.protocol.cluster_config import Address, ConfigError, parse_addresses
 
 from .errors import UsageError
 from .offset import Offset, StartFrom
@@ -21,9 +28,11 @@ from .offset_store import OffsetStore
 from .rollback import RollbackPolicy
 from .security import Credentials, Security
 
-__all__ = ["ClientSettings", "ConnectionConfig", "settings"]
+__all__ = ["ClientSettings", "ClusterSettings", "ConnectionConfig", "bootstrap", "settings"]
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
+#: Opens a connection to one node of a cluster.
+NodeConnector = Callable[[Address], Awaitable[trio.abc.Stream]]
 
 
 @dataclass(slots=True)
@@ -47,12 +56,45 @@ class ConnectionConfig:
 
 
 @dataclass(slots=True)
+class ClusterSettings:
+    """How the client follows a cluster (``cluster.py``, ``routing.py``)."""
+
+    #: the bootstrap list (empty with a custom ``connector``: a single node only)
+    addresses: list[Address]
+    #: opens one node (None with a custom ``connector``)
+    connect_to: NodeConnector | None
+    #: None: decide from the first config (``routing.is_cluster``); False: never ask
+    #: for a config, stream from the one address; True: always route by the config
+    mode: bool | None = None
+    prefer_replica: bool = False
+    max_replica_lag: int = 1000
+    config_poll_interval: float = 2.5
+
+
+@dataclass(slots=True)
 class ClientSettings:
     connection: ConnectionConfig
     connector: Connector
     vbuckets: list[int] | None
     start: StartFrom
     offsets: dict[int, Offset]
+    cluster: ClusterSettings = dataclasses.field(
+        default_factory=lambda: ClusterSettings([], None, False)
+    )
+
+
+def bootstrap(host: Any, port: int, connector: Connector | None) -> list[Address]:
+    """The bootstrap list of ``host``/``port`` (empty with a custom ``connector``)."""
+    if connector is not None:
+        return []
+    if type(port) is not int or not 0 < port < 65536:
+        raise UsageError(f"port must be an int in 1..65535, not {port!r}")
+    if isinstance(host, str) and not host.strip():
+        raise UsageError(f"host must be a non-empty string, not {host!r}")
+    try:
+        return parse_addresses(host, port)
+    except (ConfigError, TypeError) as exc:
+        raise UsageError(f"host: {exc}") from None
 
 
 def settings(
@@ -79,17 +121,38 @@ def settings(
     max_body_size: int,
     connector: Connector | None,
     security: Security | None = None,
+    cluster: bool | None = None,
+    prefer_replica: bool = False,
+    max_replica_lag: int = 1000,
+    config_poll_interval: float = 2.5,
 ) -> ClientSettings:
     """Validate ``DcpClient``'s arguments (raises ``UsageError``). ``security``
     (``security.resolve``): TLS wraps whatever ``connector`` opens."""
+    addresses = bootstrap(host, port, connector)
+    connect_to: NodeConnector | None = None
     if connector is None:
-        if not isinstance(host, str) or not host:
-            raise UsageError(f"host must be a non-empty string, not {host!r}")
-        if type(port) is not int or not 0 < port < 65536:
-            raise UsageError(f"port must be an int in 1..65535, not {port!r}")
-        connector = functools.partial(trio.open_tcp_stream, host, port)
-    if security is not None and security.tls is not None:
+        connect_to = functools.partial(_connect_node, security)
+        connector = functools.partial(connect_to, addresses[0])
+    elif security is not None and security.tls is not None:
         connector = functools.partial(security.connect, connector)
+    if cluster not in (None, True, False):
+        raise UsageError(f"cluster must be None, True or False, not {cluster!r}")
+    if cluster is False and len(addresses) > 1:
+        raise UsageError("cluster=False streams from one address; a list was given")
+    if cluster and connect_to is None:
+        raise UsageError("cluster=True needs host addresses, not a connector")
+    if type(max_replica_lag) is not int or max_replica_lag < 0:
+        raise UsageError(f"max_replica_lag must be an int >= 0, not {max_replica_lag!r}")
+    if not 0.1 <= config_poll_interval <= 3600:
+        raise UsageError(f"config_poll_interval must be 0.1..3600 s, not {config_poll_interval!r}")
+    routing = ClusterSettings(
+        addresses,
+        connect_to,
+        False if connect_to is None else cluster,
+        bool(prefer_replica),
+        max_replica_lag,
+        float(config_poll_interval),
+    )
     vbs = _check_vbuckets(vbuckets)
     try:
         start_from = StartFrom(start)
@@ -136,7 +199,15 @@ def settings(
         max_body_size=max_body_size,
         credentials=security.credentials if security is not None else None,
     )
-    return ClientSettings(conn, connector, vbs, start_from, explicit)
+    return ClientSettings(conn, connector, vbs, start_from, explicit, routing)
+
+
+async def _connect_node(security: Security | None, addr: Address) -> trio.abc.Stream:
+    """A connection to ``addr`` (in TLS naming that host when TLS is on)."""
+    connector = functools.partial(trio.open_tcp_stream, addr[0], addr[1])
+    if security is None or security.tls is None:
+        return await connector()
+    return await dataclasses.replace(security, server_hostname=addr[0]).connect(connector)
 
 
 def _check_vbuckets(vbuckets: Iterable[int] | None) -> list[int] | None:

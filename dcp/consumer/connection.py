@@ -18,13 +18,17 @@ Rules of this module:
   one lock; each wake-up writes one buffer (one ``send_all``).
 - All failures end up in ``self.error`` (first one wins) and cancel the connection's
   nursery; the client's supervisor decides between reconnecting and failing.
+- In a cluster (``cluster.py``) a connection streams only the vbuckets it was given
+  (``owned``; ``add_vbucket``/``drop_vbucket`` as the map moves them) and hands a vbucket
+  whose node no longer serves it to ``on_move`` instead of asking this node again. The
+  positions (``Session``) are shared by every connection of the client.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
@@ -100,6 +104,12 @@ class DcpConnection:
         self._open_heap: list[tuple[float, int]] = []
         self._opener_wake = trio.Event()
         self._received = False  # anything read yet (``closed_message``)
+        #: the vbuckets this connection streams (None: every vbucket of the session)
+        self.owned: set[int] | None = None
+        #: cluster mode: ``(vb, delay, config)`` - the node does not serve ``vb`` (any more);
+        #: the client re-routes it after ``delay`` s (``config``: the answer's value, b"" if
+        #: none). None: ask this node again (single node).
+        self.on_move: Callable[[int, float, bytes], None] | None = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -218,7 +228,9 @@ class DcpConnection:
 
     # ------------------------------------------------------------------ handshake
 
-    async def handshake(self) -> None:
+    async def handshake(self, dcp: bool = True) -> None:
+        """HELLO (and SASL), then with ``dcp`` DCP_OPEN and the controls; without, the
+        connection is for KV requests only (GET_CLUSTER_CONFIG, GET_ALL_VB_SEQNOS)."""
         cfg = self.cfg
         flags = DcpOpenFlag.PRODUCER
         if cfg.include_delete_times or cfg.include_expirations:
@@ -240,10 +252,14 @@ class DcpConnection:
         o = self.next_opaque()
         reqs = [(o, codec.hello(cfg.agent, [int(f) for f in HELLO_FEATURES], opaque=o))]
         frames: list[Frame] = []
-        if cfg.credentials is not None:
+        if cfg.credentials is not None or not dcp:
             frames = await self.call(reqs)
             reqs = []
-            await authenticate(self._ask, cfg.credentials)
+            if cfg.credentials is not None:
+                await authenticate(self._ask, cfg.credentials)
+        if not dcp:
+            _check_answer("HELLO", frames[0], cfg.credentials is not None)
+            return
         o = self.next_opaque()
         reqs.append((o, codec.dcp_open(cfg.name, int(flags), opaque=o)))
         for key, value in controls:
@@ -251,14 +267,7 @@ class DcpConnection:
             reqs.append((o, codec.dcp_control(key, value, opaque=o)))
         frames += await self.call(reqs)
         for what, f in zip(("HELLO", "DCP_OPEN"), frames[:2], strict=True):
-            if f.status != Status.SUCCESS:
-                hint = ""
-                if f.status == Status.EACCESS and cfg.credentials is None:
-                    hint = " (the server requires authentication: username= and password=)"
-                err = for_status(f.status, bytes(f.value), f"{what} refused{hint}")
-                if err.retriable:
-                    raise ConnectionLostError(f"{what}: {err}") from err
-                raise err
+            _check_answer(what, f, cfg.credentials is not None)
         ok = {k: f.status == Status.SUCCESS for (k, _), f in zip(controls, frames[2:], strict=True)}
         if cfg.noop_interval and ok["enable_noop"] and ok["set_noop_interval"]:
             self.probe_after = cfg.noop_interval
@@ -271,12 +280,31 @@ class DcpConnection:
         (f,) = await self.call([(o, build(o))])
         return f.status, bytes(f.value)
 
-    async def get_all_vb_seqnos(self) -> list[tuple[int, int]]:
+    async def get_all_vb_seqnos(self, state: int | None = None) -> list[tuple[int, int]]:
+        """(vb, high seqno) of every vbucket that is not dead, or only of those in
+        ``state`` (1 active, 2 replica: the request's optional extras)."""
         o = self.next_opaque()
-        (f,) = await self.call([(o, codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=o))])
+        extras = codec.U32.pack(state) if state else b""
+        req = codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=o, extras=extras)
+        (f,) = await self.call([(o, req)])
         if f.status != Status.SUCCESS:
             raise for_status(f.status, bytes(f.value), "GET_ALL_VB_SEQNOS refused")
         return codec.parse_all_vb_seqnos(bytes(f.value))
+
+    async def get_cluster_config(self) -> bytes | None:
+        """The node's bucket config JSON; None when the server does not know the command
+        (an older or a test server: a single node). A cluster node without a map yet
+        answers ETMPFAIL: raised as ``ConnectionLostError`` (transient: ask again)."""
+        o = self.next_opaque()
+        (f,) = await self.call([(o, codec.request(Opcode.GET_CLUSTER_CONFIG, opaque=o))])
+        if f.status == Status.UNKNOWN_COMMAND:
+            return None
+        if f.status != Status.SUCCESS:
+            err = for_status(f.status, bytes(f.value), "GET_CLUSTER_CONFIG refused")
+            if err.retriable:
+                raise ConnectionLostError(f"GET_CLUSTER_CONFIG: {err}") from err
+            raise err
+        return bytes(f.value)
 
     async def get_failover_logs(self, vbuckets: list[int]) -> dict[int, FailoverLog]:
         reqs = []
@@ -293,9 +321,12 @@ class DcpConnection:
 
     # ------------------------------------------------------------------ streams
 
-    def start_streams(self, session: Session) -> None:
+    def start_streams(self, session: Session, vbuckets: Iterable[int] | None = None) -> None:
+        """Stream ``vbuckets`` (default: every vbucket of ``session``)."""
         self.session = session
-        for vb in session.positions:
+        if vbuckets is not None:
+            self.owned = set(vbuckets)
+        for vb in session.positions if self.owned is None else sorted(self.owned):
             heapq.heappush(self._open_heap, (0.0, vb))
         assert self._nursery is not None
         self._nursery.start_soon(self.guarded, self._opener_loop)
@@ -312,6 +343,42 @@ class DcpConnection:
         if st is not None:
             self._by_vb.pop(st.vbucket, None)
         return st
+
+    def add_vbucket(self, vb: int) -> None:
+        """Cluster: the map now routes ``vb`` here; request it (after ``start_streams``)."""
+        assert self.owned is not None, "only a connection given its vbuckets takes more"
+        self.owned.add(vb)
+        self.schedule_open(vb, 0)
+
+    def drop_vbucket(self, vb: int) -> None:
+        """Cluster: ``vb`` streams elsewhere now. Its stream here is forgotten at once (late
+        messages only count for flow control) and closed on the server, best effort."""
+        if self.owned is not None:
+            self.owned.discard(vb)
+        st = self._by_vb.pop(vb, None)
+        if st is None:
+            return
+        self._streams.pop(st.opaque, None)
+        self.proto.forget(st.opaque)
+        if self._nursery is not None and self.error is None:
+            _, data = self.proto.close_stream(vb)
+            self._nursery.start_soon(self._send_quietly, data)
+
+    async def _send_quietly(self, data: bytes) -> None:
+        try:
+            await self.send(data)
+        except ConnectionLostError:
+            pass  # the reader notices a lost connection
+
+    def moved(self, vb: int, delay: float, config: bytes = b"") -> bool:
+        """The node does not serve ``vb`` here (any more): hand it to ``on_move`` (True),
+        or False when this connection is not part of a cluster (retry it here)."""
+        if self.on_move is None:
+            return False
+        if self.owned is not None:
+            self.owned.discard(vb)
+        self.on_move(vb, delay, config)
+        return True
 
     def schedule_open(self, vb: int, delay: float) -> None:
         heapq.heappush(self._open_heap, (trio.current_time() + delay, vb))
@@ -344,7 +411,7 @@ class DcpConnection:
     def _stream_request(self, vb: int, gens: dict[int, int]) -> bytes:
         session = self.session
         assert session is not None
-        if vb in self._by_vb:
+        if vb in self._by_vb or (self.owned is not None and vb not in self.owned):
             return b""
         p = session[vb]
         if p.done:
@@ -375,3 +442,16 @@ class DcpConnection:
         self._by_vb[vb] = st
         self.stats["stream_requests"] += 1
         return data
+
+
+def _check_answer(what: str, f: Frame, authenticated: bool) -> None:
+    """A handshake answer: SUCCESS, else the error (a retriable one as transient)."""
+    if f.status == Status.SUCCESS:
+        return
+    hint = ""
+    if f.status == Status.EACCESS and not authenticated:
+        hint = " (the server requires authentication: username= and password=)"
+    err = for_status(f.status, bytes(f.value), f"{what} refused{hint}")
+    if err.retriable:
+        raise ConnectionLostError(f"{what}: {err}") from err
+    raise err

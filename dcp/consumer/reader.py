@@ -16,7 +16,9 @@ Rules of this module:
 - Stream-request answers: OK adopts the failover log; ROLLBACK resets the positions and
   emits a ``RollbackEvent`` (or raises ``RollbackError`` under the fail policy);
   NOT_MY_VBUCKET/ETMPFAIL/EBUSY/ENOMEM are retried with backoff until the retry timeout;
-  anything else is a ``StreamError``.
+  anything else is a ``StreamError``. On a cluster connection, NOT_MY_VBUCKET and a stream
+  end other than OK hand the vbucket back to the client to route again
+  (``DcpConnection.moved``) instead of asking the same node.
 - While any connection is reading, the process's generation-0 GC threshold is raised
   (``_GcTuning``): every event is one GC-tracked object that lives until its snapshot is
   handed out, so at CPython's default (700) a collection ran every few hundred items and
@@ -199,7 +201,9 @@ class StreamReader:
         else:
             st.discard()
             conn.stats["stream_reopens"] += 1
-            conn.schedule_open(st.vbucket, 0.05)
+            # in a cluster the vbucket may have moved (STATE_CHANGED): route it again
+            if not conn.moved(st.vbucket, 0.0):
+                conn.schedule_open(st.vbucket, 0.05)
 
     def _stream_opened(self, e: ev.StreamOpened) -> None:
         conn = self.conn
@@ -249,7 +253,11 @@ class StreamReader:
                 ) from err
             conn.retries[vb] = (since, attempts)
             conn.stats["stream_retries"] += 1
-            conn.schedule_open(vb, min(0.05 * 2 ** (attempts - 1), 2.0))
+            delay = min(0.05 * 2 ** (attempts - 1), 2.0)
+            # a cluster node that does not hold ``vb`` (any more): ask the map again
+            if status == Status.NOT_MY_VBUCKET and conn.moved(vb, delay, e.value):
+                return
+            conn.schedule_open(vb, delay)
             return
         raise StreamError(
             vb,
