@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dcp.protocol.cluster_config import Address
+
 from .errors import OffsetError, RangeUnavailableError, RollbackDetectedError
 from .offsets import Offsets, VbPosition
 
@@ -33,6 +35,7 @@ __all__ = [
     "FailoverLog",
     "VbRange",
     "branch_uuid",
+    "group_by_node",
     "group_ranges",
     "plan_end",
     "plan_ranges",
@@ -247,3 +250,32 @@ def group_ranges(ranges: Sequence[VbRange], n: int) -> list[list[VbRange]]:
         groups[i].append(r)
         loads[i] += r.weight
     return [sorted(g, key=lambda r: r.vbucket) for g in groups if g]
+
+
+def group_by_node(
+    ranges: Sequence[VbRange], owners: Mapping[int, Address] | None, n: int
+) -> list[tuple[Address | None, list[VbRange]]]:
+    """Tasks for a batch: ``(node, ranges)`` where every range of a task is on ``node``.
+
+    ``owners`` (vbucket -> node holding it active) None: a single server, grouped as
+    ``group_ranges`` does (node None). Otherwise the ranges are grouped per node, and
+    the ``n`` tasks shared among the nodes by weight (largest remainder; at least one
+    per node with ranges, so there may be more than ``n`` when nodes outnumber it), then
+    each node's ranges are spread over its share like ``group_ranges``. Deterministic:
+    nodes in address order.
+    """
+    if owners is None:
+        return [(None, g) for g in group_ranges(ranges, n)] if ranges else []
+    per: dict[Address, list[VbRange]] = {}
+    for r in ranges:
+        per.setdefault(owners[r.vbucket], []).append(r)
+    nodes = sorted(per)
+    weights = {a: sum(r.weight for r in per[a]) for a in nodes}
+    total = sum(weights.values()) or 1
+    exact = {a: max(1, n) * weights[a] / total for a in nodes}
+    share = {a: max(1, int(exact[a])) for a in nodes}
+    for a in sorted(nodes, key=lambda a: (-(exact[a] - int(exact[a])), a)):
+        if sum(share.values()) >= n:
+            break
+        share[a] += 1
+    return [(a, g) for a in nodes for g in group_ranges(per[a], share[a])]

@@ -3,8 +3,14 @@ offsets planned from it.
 
 Rules of this module:
 - Lives in the process that plans batches (Spark's long-lived streaming source runner, or
-  the batch planning worker). It opens its connection lazily and keeps it; nothing here
-  may be pickled (the Spark reader drops its planner before it is shipped).
+  the batch planning worker). It opens its connection lazily and keeps it (on a cluster:
+  one per node, ``cluster.NodeView``); nothing here may be pickled (the Spark reader
+  drops its planner before it is shipped).
+- On a cluster every vbucket's high seqno and failover log come from the node holding it
+  active by the map (GET_ALL_VB_SEQNOS for state active, per node); a node that fails or
+  does not hold what the map says makes the refresh retry after a (rate-limited) config
+  refresh, within ``retryTimeout``. A vbucket that moved to another node (or a new
+  connection) has its failover log and boundaries fetched anew.
 - Spark polls ``latestOffset`` about every 12 ms when idle, so the server's answer is
   cached for ``planCacheMs`` (250 ms): one GET_ALL_VB_SEQNOS per refresh, plus
   DCP_GET_FAILOVER_LOG only for vbuckets whose high seqno moved since their log was
@@ -16,9 +22,10 @@ Rules of this module:
 - ``startingOffsets=latest`` is resolved once per ``startingOffsetsFile`` and read back
   from that file ever after (Spark calls ``initialOffset`` again on restarts and replays).
 - A lost connection is retried for ``retryTimeout`` (forever when infinite), with one
-  warning when the trouble starts; a server that refuses the very first connection of a
-  planner fails at once (a wrong host or port must not take the retry time to show),
-  unless the retries are endless.
+  warning when the trouble starts; a server (or every address of a bootstrap list) that
+  refuses the very first connection of a planner fails at once, naming the addresses (a
+  wrong host or port must not take the retry time to show), unless the retries are
+  endless.
 - A stream checks once whether the server keeps a change history (it accepts the
   ``change_streams`` control) and warns when not: replays after the server's checkpoint
   retention or a restart may then be impossible to serve exactly (docs/spark.md).
@@ -33,7 +40,10 @@ import math
 import time
 from collections.abc import Callable, Mapping
 
+from dcp.protocol.cluster_config import Address
+
 from .batch_plan import FailoverLog, branch_uuid, plan_end
+from .cluster import NodeView
 from .errors import OffsetError, RangeUnavailableError
 from .offsets import (
     Offsets,
@@ -59,35 +69,28 @@ class Planner:
     def __init__(self, cfg: SourceConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self._clock = clock
-        self._client: WireClient | None = None
+        self._nodes = NodeView(cfg, clock=clock)
         self._fetched_at = -1e18
         self._highs: dict[int, int] = {}
         self._logs: dict[int, FailoverLog] = {}
         self._log_high: dict[int, int] = {}  # high seqno when the vbucket's log was fetched
         self._boundaries: dict[int, list[int]] = {}
+        self._log_owner: dict[int, tuple[Address, int]] = {}  # node + connection of a log
         self._vbuckets: list[int] | None = None
         self._initial: Offsets | None = None
         self._prev: dict[int, tuple[VbPosition, int]] = {}  # vb -> (batch end, its start)
-        self._connected_once = False
         self._waiting_since: float | None = None  # minRowsPerBatch: first short poll
         self.refreshes = 0  #: server round trips made (for tests and metrics)
 
     # ------------------------------------------------------------------ server view
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._nodes.close()
 
     def _fetch(self) -> None:
-        if self._client is None:
-            self._client = WireClient.for_config(self.cfg).connect()
-            self._logs.clear()
-            self._log_high.clear()
-            self._boundaries.clear()
-            self._connected_once = True
-        client = self._client
-        all_highs = client.get_all_vb_seqnos()
+        nodes = self._nodes
+        wanted = self._vbuckets if self._vbuckets is not None else self.cfg.vbuckets
+        all_highs, owner = nodes.high_seqnos(wanted)
         if self._vbuckets is None:
             wanted = self.cfg.vbuckets
             if wanted is None:
@@ -101,12 +104,17 @@ class Planner:
                     )
                 self._vbuckets = list(wanted)
         highs = {vb: all_highs[vb] for vb in self._vbuckets if vb in all_highs}
+        for vb in highs:  # a new connection, or another node: its log and boundaries anew
+            if self._log_owner.get(vb) != owner[vb]:
+                self._log_high.pop(vb, None)
+                self._boundaries.pop(vb, None)
         stale = [vb for vb in self._vbuckets if vb in highs and self._log_high.get(vb) != highs[vb]]
         if stale:
-            logs = client.failover_logs(stale)
+            logs = nodes.failover_logs(stale, owner)
             for vb in stale:
                 self._logs[vb] = tuple(logs[vb])
                 self._log_high[vb] = highs[vb]
+                self._log_owner[vb] = owner[vb]
         for vb, h in highs.items():
             b = self._boundaries.setdefault(vb, [])
             if h and (not b or h > b[-1]):
@@ -132,18 +140,20 @@ class Planner:
                 self._fetch()
                 break
             except ConnectionLost as exc:
-                self.close()
-                where = f"the DCP server at {cfg.host}:{cfg.port}"
+                nodes = self._nodes
+                where = nodes.describe()
                 endless = math.isinf(cfg.retry_timeout)
-                refused = isinstance(exc.__cause__, OSError) and (
-                    exc.__cause__.errno == errno.ECONNREFUSED
+                refused = getattr(exc, "refused", False) or (
+                    isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.ECONNREFUSED
                 )
-                if refused and not self._connected_once and not endless:
+                if refused and not nodes.connected_once and not endless:
+                    nodes.close()
                     raise RangeUnavailableError(
                         f"{where} refused the connection ({exc}): is it running, on that "
                         f"host and port (options host, port)? Set option "
                         f"retryTimeout=forever to wait for it instead."
                     ) from exc
+                nodes.trouble(exc)
                 waited = time.monotonic() - began
                 if delay == 0.05:  # the first failure of this outage
                     log.warning(
@@ -163,6 +173,11 @@ class Planner:
                 delay = min(delay * 2, 2.0)
         self._fetched_at = self._clock()
         return self._highs, self._logs
+
+    def owners(self) -> dict[int, Address] | None:
+        """Where each vbucket of the query is read now: the node holding it active
+        (None: a single server, read at the address the query was given)."""
+        return self._nodes.owners(self.vbuckets())
 
     def vbuckets(self) -> list[int]:
         if self._vbuckets is None:
@@ -342,14 +357,20 @@ def _named_vbuckets(text: str) -> set[int]:
 
 def server_keeps_history(cfg: SourceConfig) -> bool:
     """Whether the server accepts ``change_streams`` (it keeps a history window); a
-    short-lived connection of its own. A server that cannot be reached counts as
-    keeping one (the query's own connection will report it)."""
-    client = WireClient.for_config(cfg)  # credentials too: DCP_OPEN needs the stream privilege
-    try:
-        client.connect()
-        accepted = client.dcp_open(controls={"change_streams": "true"})
-        return accepted.get("change_streams", False)
-    except Exception:
-        return True
-    finally:
-        client.close()
+    short-lived connection of its own, to the first address of the bootstrap list that
+    accepts one (the nodes of a cluster run with the same settings). A server that cannot
+    be reached counts as keeping one (the query's own connection will report it)."""
+    for addr in cfg.addresses:
+        # credentials too: DCP_OPEN needs the stream privilege
+        client = WireClient.for_config(cfg, address=addr)
+        try:
+            client.connect()
+            accepted = client.dcp_open(controls={"change_streams": "true"})
+            return accepted.get("change_streams", False)
+        except ConnectionLost:
+            continue
+        except Exception:
+            return True
+        finally:
+            client.close()
+    return True

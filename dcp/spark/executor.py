@@ -5,6 +5,11 @@ Rules of this module:
 - One connection per Spark task; every vbucket of the task is streamed on it at once
   (stream requests pipelined, streams matched by opaque). When the task ends, every
   stream is closed and its STREAM_END awaited (briefly) before the socket is closed.
+- On a cluster the task's ranges were planned on one node (the partition's ``node``);
+  a range whose vbucket leaves it while it is read (the node is gone, answers
+  NOT_MY_VBUCKET, or ends the stream STATE_CHANGED) is handed to the vbucket's new
+  owner by the refreshed map (``relocate``) and read there from its last accepted
+  snapshot end with its own uuid: one connection per node, one node after another.
 - Streams are requested open-ended (end seqno 2**64-1) and stopped by the reader once
   the range is read: the server keeps every marker's real end, and a finite end would
   add nothing but a server-side cut (whose disk-backfill path currently ends streams
@@ -12,10 +17,8 @@ Rules of this module:
 - A lost connection, a stream end or a retriable refusal is retried from the range's
   last accepted snapshot end, with back-off, for ``retryTimeout`` seconds; then the task
   fails with ``RangeUnavailableError``.
-- History checks: a ROLLBACK answer, or a failover log showing the planned end is no
-  longer on the server's history, raises ``RollbackDetectedError``; with ``rewind`` the
-  vbucket yields one rollback row (at a change-set boundary at or below the rollback
-  seqno: ``batch_plan.rewind_point``) and nothing else.
+- What each frame means for its range (history checks included) is
+  ``stream_frames.py``'s; the decisions themselves are ``ranges.py``'s.
 - An I/O shell over the connection's ``ClientSession`` (``dcp.protocol.session``): it
   decodes (magic, opcode and extras decide what a frame is), answers noops and matches
   stream answers; the session builds each item straight as a row tuple in column order,
@@ -26,26 +29,26 @@ Rules of this module:
 
 from __future__ import annotations
 
-import bisect
 import logging
-import operator
 import os
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from dcp.protocol import SEQNO_MAX, DcpOpenFlag, RemoteProtocolError, Status, StreamEndStatus
+from dcp.protocol import SEQNO_MAX, DcpOpenFlag, RemoteProtocolError
 from dcp.protocol import events as ev
+from dcp.protocol.cluster_config import Address, format_address
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 from dcp.protocol.session import ClientSession
 
-from .batch_plan import VbRange, branch_uuid, rewind_point, rollback_seqno
+from .batch_plan import VbRange
 from .changes import Chunk, deletion_row, expiration_row, mutation_row
-from .errors import RangeUnavailableError, RollbackDetectedError
-from .offsets import VbPosition
+from .cluster import Topology
+from .errors import RangeUnavailableError
 from .options import SourceConfig
 from .ranges import BUFFER_BYTES, RangeRead
+from .stream_frames import StreamFrames
 from .wire import ConnectionLost, WireClient
 
 __all__ = ["DRAIN_SECONDS", "read_ranges"]
@@ -56,25 +59,26 @@ log = logging.getLogger("dcp.spark")
 DRAIN_SECONDS = 2.0
 _HISTORY = int(SnapshotMarkerFlag.HISTORY)
 
-_SEQNO = operator.itemgetter(0)
-_RETRIABLE_END = {
-    StreamEndStatus.DISCONNECTED,
-    StreamEndStatus.SLOW,
-    StreamEndStatus.BACKFILL_FAIL,
-    StreamEndStatus.STATE_CHANGED,
-    StreamEndStatus.ROLLBACK,
-}
-_RETRIABLE_STATUS = {Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM}
 
-
-class _Reader:
+class _Reader(StreamFrames):
     """The ranges of one Spark task, read over one connection (see the module rules)."""
 
-    def __init__(self, cfg: SourceConfig, ranges: Sequence[VbRange], name: str) -> None:
+    def __init__(
+        self,
+        cfg: SourceConfig,
+        streams: Sequence[RangeRead],
+        name: str,
+        out: Chunk,
+        address: Address | None = None,
+        topology: Topology | None = None,
+    ) -> None:
         self.cfg = cfg
         self.name = name
-        self.out = Chunk()
-        self.streams = [RangeRead(r, self.out, cfg.on_merged_snapshot) for r in ranges]
+        self.out = out
+        self.streams = list(streams)
+        self.address = address  # the node (None: the query's single server)
+        self.topology = topology  # a cluster's map (None: a single server)
+        self.moved: list[tuple[Address, RangeRead]] = []  # ranges that left for another node
         self.by_opaque: dict[int, RangeRead] = {}
         self.client: WireClient | None = None
         self.outbox: list[bytes] = []  # requests to send with the next write
@@ -97,6 +101,7 @@ class _Reader:
         client = WireClient.for_config(
             self.cfg,
             ClientSession(mutation=mutation_row, deletion=deletion_row, expiration=expiration_row),
+            self.address,
         )
         client.connect()
         try:
@@ -162,107 +167,6 @@ class _Reader:
         if st.done and st.state in ("open", "requested"):
             self.close_stream(st)
 
-    def rolled_back(
-        self,
-        st: RangeRead,
-        uuid: int,
-        seqno: int,
-        r: int,
-        detail: str,
-        flog: list[tuple[int, int]] | None = None,
-    ) -> None:
-        """Position ``(uuid, seqno)`` of this range is off the server's history."""
-        rng = st.rng
-        if self.cfg.on_rollback != "rewind":
-            raise RollbackDetectedError(rng.vbucket, uuid, seqno, r, "reading", detail)
-        at = rewind_point(rng.start, rng.prev, r)
-        log.warning("vbucket %d: %s; emitting a rollback row to seqno %d", rng.vbucket, detail, at)
-        st.rollback(at, branch_uuid(flog, at) if flog else 0)
-        if st.state == "requested":  # the ROLLBACK answer: the server opened no stream
-            st.state = "done"
-        else:
-            self.close_stream(st)
-
-    # ------------------------------------------------------------------ control frames
-
-    def _stream_opened(self, e: ev.StreamOpened) -> None:
-        st = self.by_opaque.get(e.opaque)
-        if st is None or st.state != "requested":
-            return
-        st.state = "open"
-        rng = st.rng
-        flog = list(e.failover_log)
-        if not st.branch:
-            st.branch = branch_uuid(flog, rng.end)
-        if rng.end_uuid:
-            r = rollback_seqno(VbPosition(rng.end_uuid, rng.end), flog, SEQNO_MAX)
-            if r is not None:
-                self.rolled_back(
-                    st,
-                    rng.end_uuid,
-                    rng.end,
-                    r,
-                    (
-                        f"the planned end (uuid {rng.end_uuid}, seqno {rng.end}) is no longer "
-                        f"on the server's history (failover log {flog})"
-                    ),
-                    flog,
-                )
-
-    def _stream_rollback(self, e: ev.StreamRollback) -> None:
-        st = self.by_opaque.get(e.opaque)
-        if st is None or st.state != "requested":
-            return
-        self.rolled_back(
-            st,
-            st.rng.uuid,
-            st.c,
-            e.seqno,
-            (
-                f"the stream request at (uuid {st.rng.uuid}, seqno {st.c}) was answered "
-                f"ROLLBACK to {e.seqno}"
-            ),
-        )
-
-    def _stream_refused(self, e: ev.StreamRefused) -> None:
-        st = self.by_opaque.get(e.opaque)
-        if st is None or st.state != "requested":
-            return
-        status = e.status
-        if status in _RETRIABLE_STATUS:
-            self.schedule_retry(st, f"stream request answered status 0x{status:02x}")
-            return
-        rng = st.rng
-        raise RangeUnavailableError(
-            f"vbucket {rng.vbucket}: the server refused the stream request for (seqno {st.c}, "
-            f"{rng.end}] (uuid {rng.uuid}) with status 0x{status:02x}: "
-            f"{e.value[:200].decode('utf-8', 'replace')}"
-        )
-
-    def _answer(self, e: ev.Answer) -> None:
-        st = self.by_opaque.get(e.opaque)
-        if st is not None and e.result.status and st.state == "closing":
-            st.state = "done"  # no stream to close (it had already ended)
-
-    def _stream_ended(self, e: ev.StreamEnded) -> None:
-        st = self.by_opaque.get(e.opaque)
-        if st is not None and st.state in ("open", "closing"):
-            self.stream_end(st, e.reason)
-
-    def stream_end(self, st: RangeRead, reason: int) -> None:
-        if st.state == "closing":
-            st.state = "done"
-            return
-        if reason in _RETRIABLE_END or reason == StreamEndStatus.OK:
-            # An open-ended stream only ends when the server drops it: resume from the
-            # last whole snapshot.
-            self.schedule_retry(st, f"stream ended with reason {reason}")
-            return
-        raise RangeUnavailableError(
-            f"vbucket {st.rng.vbucket}: stream ended with reason "
-            f"{reason} at seqno {st.c} of (..., {st.end}]"
-        )
-
     def schedule_retry(self, st: RangeRead, why: str) -> None:
         if st.flags & _HISTORY:
             st.accept()  # a history prefix is a real state: keep it
@@ -276,7 +180,8 @@ class _Reader:
             st.failing_since = now
         elif now - st.failing_since > self.cfg.retry_timeout:
             raise RangeUnavailableError(
-                f"vbucket {st.rng.vbucket}: gave up after {now - st.failing_since:.1f} s of "
+                f"vbucket {st.rng.vbucket} on {self.where()}: gave up after "
+                f"{now - st.failing_since:.1f} s of "
                 f"retries (option retryTimeout={self.cfg.retry_timeout:g}; 'forever' never "
                 f"gives up): {why}"
             )
@@ -286,6 +191,37 @@ class _Reader:
         st.drop_pending()
         st.state = "retry"
         self.retry_at[st.rng.vbucket] = now + min(2.0, 0.05 * 2 ** min(st.attempts, 6))
+
+    def where(self) -> str:
+        return format_address(self.address or (self.cfg.host, self.cfg.port))
+
+    def relocate(self, sts: Sequence[RangeRead], body: bytes | None = None) -> None:
+        """On a cluster, after trouble with ``sts`` (each waiting to be retried): refresh
+        the map (``body``: the config a NOT_MY_VBUCKET answer carried) and hand each range
+        whose vbucket is now active elsewhere to that node (``moved``), to be requested
+        there from its last accepted snapshot end with its own uuid, so the new owner
+        answers ROLLBACK exactly when the range is not on its branch. A range whose
+        vbucket has no active yet stays, retried here with back-off until one appears or
+        ``retryTimeout`` ends."""
+        topo = self.topology
+        if topo is None:
+            return
+        topo.refresh(body)
+        for st in sts:
+            owner = topo.owner(st.rng.vbucket)
+            if st.state == "retry" and owner is not None and owner != self.address:
+                log.info(
+                    "vbucket %d moved from %s to %s; reading the rest of (%d, %d] there",
+                    st.rng.vbucket,
+                    self.where(),
+                    format_address(owner),
+                    st.c,
+                    st.end,
+                )
+                self.retry_at.pop(st.rng.vbucket, None)
+                st.state = "moved"
+                self.streams.remove(st)
+                self.moved.append((owner, st))
 
     # ------------------------------------------------------------------ main loop
 
@@ -362,9 +298,12 @@ class _Reader:
             self.close()
 
     def _connection_failed(self, exc: BaseException) -> None:
-        for st in self.streams:
-            if not st.done:
-                self.schedule_retry(st, f"connection lost: {exc}")
+        pending = [st for st in self.streams if not st.done]
+        for st in pending:
+            self.schedule_retry(st, f"connection lost: {exc}")
+        self.relocate(pending)
+        if not self.retry_at:
+            return  # every range left for another node
         delay = min(self.retry_at.values(), default=time.monotonic()) - time.monotonic()
         self.retry_at.clear()  # connect() requests every unfinished vbucket again
         time.sleep(max(0.0, delay))
@@ -384,53 +323,20 @@ class _Reader:
             return None
         return max(0.0, min(self.retry_at.values()) - now)
 
-    # ------------------------------------------------------------------ data events
-
-    def _items(self, e: ev.Items) -> None:
-        """A run of rows: added to the columns in slices that end at the rows needing a
-        decision (at or past ``stop``); rows after a decision that closed the stream are
-        dropped. (The buffered bytes are counted per chunk, in ``_feed``.)"""
-        st = self.by_opaque.get(e.opaque)
-        if st is None or st.state != "open":
-            return
-        rows = e.items
-        n = len(rows)
-        i = 0
-        while i < n:
-            j = bisect.bisect_left(rows, st.stop, i, n, key=_SEQNO)
-            k = j + 1 if j < n else n
-            part = rows[i:k] if i or k < n else rows
-            for col, values in zip(st.rows, zip(*part, strict=True), strict=True):
-                col.extend(values)
-            i = k
-            if j < n:
-                st.item_done(rows[j][0])
-                self.settle(st)
-                if st.state != "open":
-                    return
-
-    def _marker(self, e: ev.Marker) -> None:
-        st = self.by_opaque.get(e.opaque)
-        if st is not None and st.state == "open":
-            st.marker(e.start, e.end, e.flags)
-            self.settle(st)
-
-    def _seqno_advanced(self, e: ev.SeqnoAdvanced) -> None:
-        st = self.by_opaque.get(e.opaque)
-        if st is not None and st.state == "open":
-            st.item_done(e.seqno)
-            self.settle(st)
-
 
 def _ignore(_e: object) -> None:
     pass
 
 
-def read_ranges(cfg: SourceConfig, ranges: Sequence[VbRange], name: str) -> Iterator[Chunk]:
+def read_ranges(
+    cfg: SourceConfig, ranges: Sequence[VbRange], name: str, node: Address | None = None
+) -> Iterator[Chunk]:
     """The change set of every range, in chunks of about ``cfg.arrow_batch_rows`` rows.
 
     Rollback ranges (``VbRange.rollback`` set, planned by the driver) yield their
-    rollback row without touching the server.
+    rollback row without touching the server. ``node``: the cluster node the planner
+    found holding the ranges' vbuckets (None: the query's single server); ranges whose
+    vbucket moves while they are read are read on, node after node (``_Reader.relocate``).
     """
     rollbacks = [r for r in ranges if r.rollback is not None]
     reads = [r for r in ranges if r.rollback is None and r.end > r.start]
@@ -441,8 +347,17 @@ def read_ranges(cfg: SourceConfig, ranges: Sequence[VbRange], name: str) -> Iter
         yield ch
     if not reads:
         return
-    reader = _Reader(cfg, reads, name)
-    try:
-        yield from reader.run()
-    finally:
-        reader.shutdown()
+    out = Chunk()
+    topology = Topology(cfg) if node is not None else None
+    todo: dict[Address | None, list[RangeRead]] = {
+        node: [RangeRead(r, out, cfg.on_merged_snapshot) for r in reads]
+    }
+    while todo:  # bounded: every move is a retry of its range (``schedule_retry``'s deadline)
+        addr = next(iter(todo))
+        reader = _Reader(cfg, todo.pop(addr), name, out, addr, topology)
+        try:
+            yield from reader.run()
+        finally:
+            reader.shutdown()
+        for owner, st in reader.moved:
+            todo.setdefault(owner, []).append(st)

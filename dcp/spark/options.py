@@ -22,14 +22,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dcp.protocol.cluster_config import Address, ConfigError, parse_addresses
+
 from .errors import OptionError
-from .security import Credentials, TlsFiles, resolve_security
+from .security import Credentials, TlsFiles, check_plain, resolve_security
 
 __all__ = ["OPTIONS", "SourceConfig", "parse_options", "parse_vbuckets"]
 
 #: Every option the source understands (lower-case name -> one-line help).
 OPTIONS = {
-    "host": "server address (default 127.0.0.1)",
+    "host": "server address (default 127.0.0.1), or a cluster's bootstrap list "
+    "'h1:p1,h2:p2' (a host without ':port' uses option port)",
     "port": "server port (default 11210)",
     "vbuckets": "vbuckets to read: 'all' (default) or a list like '0,4,8-15'",
     "startingoffsets": "where to start: 'earliest' (default), 'latest' (streams) or offsets "
@@ -117,8 +120,10 @@ _NAMES = {
 
 @dataclass(frozen=True, slots=True)
 class SourceConfig:
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the first bootstrap address
     port: int = 11210
+    #: every bootstrap address (option host as a list); () = just (host, port)
+    bootstrap: tuple[Address, ...] = ()
     vbuckets: tuple[int, ...] | None = None  # None = every vbucket the server has
     starting_offsets: str = "earliest"  # 'earliest', 'latest' or JSON text
     starting_offsets_file: str | None = None
@@ -135,6 +140,11 @@ class SourceConfig:
     arrow_batch_rows: int = 65536
     credentials: Credentials | None = None  # None: no login
     tls: TlsFiles | None = None  # None: plain TCP
+
+    @property
+    def addresses(self) -> tuple[Address, ...]:
+        """The bootstrap list: where the cluster config is asked for, in this order."""
+        return self.bootstrap or ((self.host, self.port),)
 
     @property
     def partitions(self) -> int:
@@ -213,6 +223,28 @@ def _duration(name: str, raw: str) -> float:
     return v
 
 
+def _hosts(raw: str, port: int) -> dict[str, object]:
+    """Option host: one address (``HOST`` or ``HOST:PORT``) or a bootstrap list; a host
+    without a port uses option ``port``. One address keeps the single-server shape
+    (``bootstrap`` empty) so a single server is read exactly as before."""
+    text = raw.strip()
+    if not text:
+        raise OptionError("option host must not be empty")
+    if "," not in text and text.count(":") != 1 and not text.startswith("["):
+        return {"host": text}  # a bare host name (or an unbracketed IPv6 literal)
+    try:
+        addrs = parse_addresses(text, default_port=port)
+    except ConfigError as exc:
+        raise OptionError(
+            f"option host={raw!r}: expected HOST, HOST:PORT or a list like "
+            f"'h1:11210,h2:11210' ({exc})"
+        ) from None
+    host, first_port = addrs[0]
+    if len(addrs) == 1:
+        return {"host": host, "port": first_port}
+    return {"host": host, "port": first_port, "bootstrap": tuple(addrs)}
+
+
 def _unknown(name: str) -> OptionError:
     known = sorted(_NAMES[n] for n in OPTIONS)
     near = difflib.get_close_matches(name.lower(), list(OPTIONS), n=3, cutoff=0.6)
@@ -267,12 +299,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
                 f"(startingOffsets, endingOffsets] in one go"
             )
     kw: dict[str, object] = {"on_merged_snapshot": "reread" if streaming is False else "fail"}
-    if "host" in opts:
-        if not opts["host"].strip():
-            raise OptionError("option host must not be empty")
-        kw["host"] = opts["host"].strip()
     if "port" in opts:
         kw["port"] = _int("port", opts["port"], 1, 65535)
+    if "host" in opts:
+        kw.update(_hosts(opts["host"], kw.get("port", 11210)))  # type: ignore[arg-type]
     if "vbuckets" in opts:
         kw["vbuckets"] = parse_vbuckets(opts["vbuckets"])
     if "startingoffsets" in opts:
@@ -340,4 +370,6 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     if "arrowbatchrows" in opts:
         kw["arrow_batch_rows"] = _int("arrowBatchRows", opts["arrowbatchrows"], 1)
     kw["credentials"], kw["tls"] = resolve_security(str(kw.get("host", "127.0.0.1")), opts)
+    for other, _ in kw.get("bootstrap", ())[1:]:  # type: ignore[attr-defined]
+        check_plain(other, kw["credentials"], kw["tls"] is not None)  # type: ignore[arg-type]
     return SourceConfig(**kw)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from .arrow import COLUMNS, SCHEMA_DDL, to_record_batch
-from .batch_plan import VbRange, group_ranges, plan_ranges
+from .batch_plan import VbRange, group_by_node, plan_ranges
 from .driver import Planner
 from .errors import DcpSparkError, OffsetError, OptionError
 from .executor import read_ranges
@@ -52,14 +52,19 @@ _SPARK_TYPES = {
 
 class DcpPartition(InputPartition):
     """One Spark task: the vbucket ranges it reads, as plain tuples
-    ``(vbucket, uuid, start, end, rollback)``."""
+    ``(vbucket, uuid, start, end, rollback)``, and on a cluster the ``node``
+    ``(host, port)`` holding their vbuckets when the batch was planned (None: the
+    query's single server)."""
 
-    def __init__(self, index: int, ranges: list[VbRange]) -> None:
+    def __init__(
+        self, index: int, ranges: list[VbRange], node: tuple[str, int] | None = None
+    ) -> None:
         super().__init__(index)
         self.ranges = [
             (r.vbucket, r.uuid, r.start, r.end, r.rollback, r.end_uuid, r.prev, r.gen)
             for r in ranges
         ]
+        self.node = node
 
     def vb_ranges(self) -> list[VbRange]:
         return [VbRange(*t) for t in self.ranges]
@@ -98,7 +103,8 @@ def _read(cfg: SourceConfig, partition: InputPartition, what: str) -> Iterator[A
     if not isinstance(partition, DcpPartition):  # Spark's placeholder for "no partitions"
         return
     _need_pyarrow()
-    for chunk in read_ranges(cfg, partition.vb_ranges(), f"spark-dcp-{what}"):
+    node = getattr(partition, "node", None)  # None also for a partition pickled before
+    for chunk in read_ranges(cfg, partition.vb_ranges(), f"spark-dcp-{what}", node):
         yield to_record_batch(chunk)
 
 
@@ -140,6 +146,7 @@ class DcpBatchReader(DataSourceReader):
         try:
             end = planner.ending_offsets()
             start = planner.on_branches(planner.initial_offsets())
+            owners = planner.owners()
         finally:
             planner.close()
         for vb, e in end.items():
@@ -148,9 +155,8 @@ class DcpBatchReader(DataSourceReader):
                     f"vbucket {vb}: endingOffsets seqno {e.seqno} is below startingOffsets "
                     f"seqno {start[vb].seqno}"
                 )
-        ranges = plan_ranges(start, end)
-        groups = group_ranges(ranges, self.cfg.partitions) if ranges else []
-        return [DcpPartition(i, g) for i, g in enumerate(groups)]
+        groups = group_by_node(plan_ranges(start, end), owners, self.cfg.partitions)
+        return [DcpPartition(i, g, node) for i, (node, g) in enumerate(groups)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.cfg, partition, "batch")
@@ -218,8 +224,10 @@ class DcpStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin, finish = from_json(start), from_json(end)
         ranges = plan_ranges(begin, finish)
-        self.planner.remember(begin, finish)
-        return [DcpPartition(i, g) for i, g in enumerate(group_ranges(ranges, self.cfg.partitions))]
+        planner = self.planner
+        planner.remember(begin, finish)
+        groups = group_by_node(ranges, planner.owners(), self.cfg.partitions)
+        return [DcpPartition(i, g, node) for i, (node, g) in enumerate(groups)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.cfg, partition, "stream")

@@ -82,9 +82,15 @@ class WireClient:
         self.proto = session if session is not None else ClientSession()
 
     @classmethod
-    def for_config(cls, cfg: SourceConfig, session: ClientSession | None = None) -> WireClient:
-        """A client (not connected yet) with the query's address, timeout, credentials and
-        TLS settings: every connection the connector opens is made here."""
+    def for_config(
+        cls,
+        cfg: SourceConfig,
+        session: ClientSession | None = None,
+        address: tuple[str, int] | None = None,
+    ) -> WireClient:
+        """A client (not connected yet) with the query's address (or ``address``: a node
+        of a cluster), timeout, credentials and TLS settings: every connection the
+        connector opens is made here."""
         tls = None
         if cfg.tls is not None:
             try:
@@ -94,9 +100,10 @@ class WireClient:
                     f"cannot load the TLS files on {socket.gethostname()} ({cfg.tls}): {exc}; "
                     f"they must be readable at the same path on the driver and every executor"
                 ) from exc
+        host, port = address or (cfg.host, cfg.port)
         return cls(
-            cfg.host,
-            cfg.port,
+            host,
+            port,
             timeout=cfg.timeout,
             session=session,
             credentials=cfg.credentials,
@@ -293,12 +300,23 @@ class WireClient:
         o = self.next_opaque()
         return o, codec.hello("dcp-spark", [0x07, 0x0B], opaque=o)
 
-    def get_all_vb_seqnos(self) -> dict[int, int]:
-        """High seqno of every live vbucket (the server closes each open checkpoint, so
-        every returned seqno is a snapshot boundary)."""
-        (f,) = self.call([self.request(Opcode.GET_ALL_VB_SEQNOS)])
+    def get_all_vb_seqnos(self, state: int | None = None) -> dict[int, int]:
+        """High seqno of every live vbucket, or (``state``: 1 active, 2 replica) of those
+        in that state (the server closes each open checkpoint, so every returned seqno is
+        a snapshot boundary)."""
+        extras = b"" if state is None else state.to_bytes(4, "big")
+        (f,) = self.call([self.request(Opcode.GET_ALL_VB_SEQNOS, extras=extras)])
         self.check(f, "GET_ALL_VB_SEQNOS refused")
         return dict(codec.parse_all_vb_seqnos(bytes(f.value)))
+
+    def cluster_config(self) -> bytes | None:
+        """The bucket config JSON (GET_CLUSTER_CONFIG); None from a server that does not
+        know the command (a single server of an older kind)."""
+        (f,) = self.call([self.request(Opcode.GET_CLUSTER_CONFIG)])
+        if f.status == Status.UNKNOWN_COMMAND:
+            return None
+        self.check(f, "GET_CLUSTER_CONFIG refused")
+        return bytes(f.value)
 
     def failover_logs(self, vbuckets: list[int]) -> dict[int, list[tuple[int, int]]]:
         """The failover log (newest entry first) of each vbucket, one pipelined call."""
