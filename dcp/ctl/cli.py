@@ -2,16 +2,20 @@
 
 Rules of this module:
 - Argument parsing and the error boundary only; each command lives in its own module
-  (``live``, ``streams``, ``tail``, ``kv``, ``vbstate``, ``metrics``, ``inspect_cmds``,
-  ``users_cmd``, ``cluster_cmd`` with its options in ``cluster_args``) and composes public
+  (``live``, ``streams``, ``tail``, ``kv``, ``vbstate``, ``metrics``, ``map_cmd``,
+  ``inspect_cmds``, ``users_cmd``, ``cluster_cmd`` with its options in ``cluster_args``;
+  the cluster side of the live commands in ``topology`` and ``across``) and composes public
   APIs (the SDK, ``dcp.protocol``, the engine's record decoders, the server's users-file
   writer, the cluster's etcd store). A command's
   module is imported only when it runs (``"module:function"``), so ``inspect`` never
   loads trio or the SDK and every command starts faster.
 - Common options (``--host``, ``--port``, ``--timeout``, the credential and TLS flags of
   ``access.py``, ``--json``, ``--no-progress``) are accepted before or after the command
-  name. ``DCP_HOST`` / ``DCP_PORT`` / ``DCP_METRICS_PORT`` set their defaults.
+  name. ``DCP_HOST`` / ``DCP_PORT`` / ``DCP_METRICS_PORT`` set their defaults. ``--host``
+  may be a cluster's bootstrap list (``topology.normalize``); commands that act on one
+  node (``set-state``, ``promote``, ``move``, ``metrics``) refuse a list.
 - Exit status: 0 success, 1 failure (one line on stderr, never a traceback), 2 usage,
+  3 partial output (a node of the cluster did not answer; the rest is shown),
   130 interrupted (Ctrl-C). An unexpected exception is still one line (exit 70);
   ``DCPCTL_DEBUG=1`` shows its traceback.
 """
@@ -62,7 +66,8 @@ def _server_options(p: argparse.ArgumentParser, top: bool) -> None:
     p.add_argument(
         "--host",
         default=os.environ.get("DCP_HOST", "127.0.0.1") if top else _S,
-        help="server address (default 127.0.0.1, env DCP_HOST)",
+        help="server address, or a cluster's nodes: HOST[:PORT][,HOST[:PORT]...] "
+        "(default 127.0.0.1, env DCP_HOST)",
     )
     p.add_argument(
         "--port",
@@ -88,11 +93,20 @@ def _command(
     if live:
         _server_options(p, False)
     _output_options(p, False)
-    p.set_defaults(func=fn, mcbp=live if mcbp is None else mcbp)
+    p.set_defaults(func=fn, mcbp=live if mcbp is None else mcbp, live=live)
     return p
 
 
 _INSPECT = "inspect_cmds:cmd_inspect"
+
+
+def _node_option(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--node", metavar="NAME|HOST:PORT", help=help_)
+
+
+def _one_node(p: argparse.ArgumentParser) -> None:
+    """A command that acts on one node: a bootstrap list in --host is refused."""
+    p.set_defaults(one_node=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "failover-log", "live:cmd_failover_log", "a vbucket's failover log, newest first"
     )
     p.add_argument("vbucket", type=vb_id)
+    _node_option(p, "ask this copy (default: the vbucket's active node)")
     p = _command(
         sub,
         "checkpoints",
@@ -118,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "a vbucket's checkpoints, cursors and dropped cursors",
     )
     p.add_argument("vbucket", type=vb_id)
+    _node_option(p, "ask this copy (default: the vbucket's active node)")
     p = _command(sub, "connections", "streams:cmd_connections", "DCP connections")
     p.add_argument("--name", help="only the connection with this DCP name")
     p = _command(
@@ -131,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=[],
         help='group and argument, e.g. "vbucket-seqno 3" (default: general)',
+    )
+    _node_option(p, "ask this node of the cluster (default: the one that answered first)")
+    _command(
+        sub,
+        "map",
+        "map_cmd:cmd_map",
+        "the cluster map as the nodes serve it (GET_CLUSTER_CONFIG): nodes, actives, replicas",
     )
     p = _command(sub, "tail", "tail:cmd_tail", "a live feed of snapshot markers and changes")
     p.add_argument("--vb", type=vb_list, help="only these vbuckets (default: all)")
@@ -164,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         sub, "set-state", "vbstate:cmd_set_state", "set the state of vbuckets (SET_VBUCKET_STATE)"
     )
+    _one_node(p)
     p.add_argument("vbuckets", type=vb_list, metavar="VB[-VB]", help="3, 0-15 or 0,2,5-7")
     p.add_argument("state", choices=["active", "replica", "pending", "dead"])
     p.add_argument(
@@ -172,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(
         sub, "promote", "vbstate:cmd_promote", "make vbuckets active (default: every replica)"
     )
+    _one_node(p)
     p.add_argument("vbuckets", type=vb_list, nargs="*", metavar="VB", help="3, 0-15 or 0,2,5-7")
     p = _command(
         sub,
@@ -180,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         "move a vbucket's active copy from this node to another (takeover)",
     )
     p.add_argument("vbucket", type=vb_id)
+    _one_node(p)
     p.add_argument("--to", required=True, type=address, metavar="HOST:PORT", help="the new node")
     p.add_argument(
         "--takeover-timeout",
@@ -197,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_int("DCP_METRICS_PORT", 0),
         help="the server's --metrics-port (env DCP_METRICS_PORT)",
     )
+    _one_node(p)
     p.add_argument("--grep", help="only metrics whose name contains this")
     p.add_argument("--raw", action="store_true", help="print the exposition text as is")
 
@@ -288,6 +315,10 @@ def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None
 def _run(args: argparse.Namespace, out: Output) -> int:
     module, _, name = args.func.partition(":")
     fn = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    if getattr(args, "live", False):  # --host is a bootstrap list (topology.py)
+        from .topology import normalize
+
+        normalize(args)
     if args.mcbp:  # credentials (maybe a prompt) and TLS before trio starts
         resolve(args)
     if inspect.iscoroutinefunction(fn):

@@ -26,6 +26,7 @@ from .replicas import (
     source_high_cell,
     source_high_seqnos,
 )
+from .topology import discover
 
 __all__ = ["cmd_checkpoints", "cmd_failover_log", "cmd_stats", "cmd_vbuckets"]
 
@@ -77,37 +78,52 @@ _VB_NUMERIC = [*_VB_COLUMNS[2:], "vb"]
 _REPL_COLUMNS = ["source", "link", "src high", "lag"]
 
 
-async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
-    async with Remote.of(args) as r:
-        states, seqnos, ckpts, streams, repl = await r.stats(
-            "vbucket",
-            "vbucket-seqno",
-            "checkpoint",
-            "dcp-streams",
-            "replication",
-            optional=("replication",),
-        )
-    state_of = {int(k[3:]): v for k, v in states if k.startswith("vb_")}
-    vbs = check_vbuckets(args.vb, len(state_of))
-    seq = by_vbucket(seqnos)
-    ck = by_vbucket(ckpts)
-    nstreams = streams_per_vbucket(streams)
-    rep = replication_fields(repl or [])
-    sources = {rep[vb]["source"] for vb in vbs if rep.get(vb, {}).get("source")}
-    highs = (
-        await source_high_seqnos(sources, args.timeout, getattr(args, "security", None))
-        if sources
-        else {}
-    )
+VB_GROUPS = ("vbucket", "vbucket-seqno", "checkpoint", "dcp-streams", "replication")
+
+
+async def vbucket_groups(r: Remote) -> list[Any]:
+    """The STAT groups ``vbuckets`` is built from, in one pipelined round trip."""
+    return await r.stats(*VB_GROUPS, optional=("replication",))
+
+
+def vbucket_states(groups: list[Any]) -> dict[int, str]:
+    return {int(k[3:]): v for k, v in groups[0] if k.startswith("vb_")}
+
+
+def replica_sources(groups: list[Any], vbs: list[int]) -> set[str]:
+    """The replication sources of ``vbs`` (HOST:PORT as the node reports them)."""
+    rep = replication_fields(groups[4] or [])
+    return {rep[vb]["source"] for vb in vbs if rep.get(vb, {}).get("source")}
+
+
+def seqno_highs(groups: list[Any]) -> dict[int, int]:
+    """vb -> high seqno, from the ``vbucket-seqno`` group (what a source is asked for)."""
+    return {vb: f["high_seqno"] for vb, f in by_vbucket(groups[1]).items() if "high_seqno" in f}
+
+
+def vbucket_rows(
+    groups: list[Any],
+    vbs: list[int],
+    active_only: bool,
+    highs: dict[str, dict[int, int] | None],
+    skip_dead: bool = False,
+) -> list[dict[str, Any]]:
+    """One row per vbucket of ``vbs`` the node has (``skip_dead``: copies only)."""
+    state_of = vbucket_states(groups)
+    seq = by_vbucket(groups[1])
+    ck = by_vbucket(groups[2])
+    nstreams = streams_per_vbucket(groups[3])
+    rep = replication_fields(groups[4] or [])
     rows: list[dict[str, Any]] = []
     for vb in vbs:
-        if args.active and state_of[vb] != "active":
+        state = state_of.get(vb)
+        if (active_only and state != "active") or (skip_dead and state in (None, "dead")):
             continue
         s, c = seq.get(vb, {}), ck.get(vb, {})
         rows.append(
             {
                 "vbucket": vb,
-                "state": state_of[vb],
+                "state": state,
                 "vb_uuid": s.get("vb_uuid"),
                 "high_seqno": s.get("high_seqno"),
                 "persisted_seqno": s.get("last_persisted_seqno"),
@@ -119,6 +135,10 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
                 **replica_columns(rep.get(vb, {}), s.get("high_seqno"), highs, vb),
             }
         )
+    return rows
+
+
+def vbucket_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     totals: dict[str, Any] = {"vbuckets": len(rows)}
     for key in (
         "high_seqno",
@@ -136,10 +156,20 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
     replicated = [row for row in rows if row["source"]]
     totals["replicated"] = len(replicated)
     totals["lag"] = sum(row["lag"] or 0 for row in replicated)
-    if out.json_mode:
-        out.json({"vbuckets": rows, "totals": totals})
-        return 0
+    return totals
+
+
+def print_vbuckets(
+    out: Output,
+    title: str,
+    rows: list[dict[str, Any]],
+    totals: dict[str, Any],
+    node_of: Any = None,
+) -> None:
+    """The ``vbuckets`` table; ``node_of(row)``: a ``node`` column after ``vb`` (cluster)."""
+    by_state = totals["states"]
     states_txt = ", ".join(f"{n} {s}" for s, n in sorted(by_state.items()))
+    replicated = totals["replicated"]
     columns = list(_VB_COLUMNS)
     footer: list[Any] = [
         "total",
@@ -172,16 +202,38 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
         ]
         if replicated:
             cells += [row["source"], row["stream"], source_high_cell(row), lag_cell(row)]
+        if node_of is not None:
+            cells.insert(1, node_of(row))
         body.append(cells)
-    out.table(
-        f"{len(rows)} vbuckets on {r.where}",
-        columns,
-        body,
-        footer=footer,
-        numeric=[*_VB_NUMERIC, "src high", "lag"],
-    )
+    if node_of is not None:
+        columns.insert(1, "node")
+        footer.insert(1, "")
+    out.table(title, columns, body, footer=footer, numeric=[*_VB_NUMERIC, "src high", "lag"])
     if any(row["source"] and not row["source_reachable"] for row in rows):
         out.line("* source unreachable: lag behind the last snapshot end it announced")
+
+
+async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
+    topo = await discover(args)
+    if topo.cluster:
+        from .across import vbuckets_across
+
+        return await vbuckets_across(args, out, topo)
+    async with Remote.of(args) as r:
+        groups = await vbucket_groups(r)
+    vbs = check_vbuckets(args.vb, len(vbucket_states(groups)))
+    sources = replica_sources(groups, vbs)
+    highs = (
+        await source_high_seqnos(sources, args.timeout, getattr(args, "security", None))
+        if sources
+        else {}
+    )
+    rows = vbucket_rows(groups, vbs, args.active, highs)
+    totals = vbucket_totals(rows)
+    if out.json_mode:
+        out.json({"vbuckets": rows, "totals": totals})
+        return 0
+    print_vbuckets(out, f"{len(rows)} vbuckets on {r.where}", rows, totals)
     return 0
 
 
@@ -189,17 +241,20 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
 
 
 async def cmd_failover_log(args: argparse.Namespace, out: Output) -> int:
-    async with Remote.of(args) as r:
+    topo = await discover(args)
+    addr = topo.pick(args.node, args.vbucket)
+    async with Remote.of(args, *(addr or ())) as r:
         fields = by_vbucket((await r.stats(f"failovers {args.vbucket}"))[0]).get(args.vbucket, {})
     n = fields.get("num_entries", 0)
     entries = [
         {"index": i, "vb_uuid": fields[f"{i}:id"], "seqno": fields[f"{i}:seq"]} for i in range(n)
     ]
+    where, node = topo.asked(addr, args.vbucket)
     if out.json_mode:
-        out.json({"vbucket": args.vbucket, "entries": entries})
+        out.json({"vbucket": args.vbucket, **node, "entries": entries})
         return 0
     out.table(
-        f"failover log of vb {args.vbucket} (newest first)",
+        f"failover log of vb {args.vbucket}{where} (newest first)",
         ["#", "vb_uuid", "seqno"],
         [[e["index"], e["vb_uuid"], e["seqno"]] for e in entries],
         numeric=["#", "vb_uuid", "seqno"],
@@ -264,14 +319,17 @@ def _range(start: Any, last: Any) -> str:
 
 
 async def cmd_checkpoints(args: argparse.Namespace, out: Output) -> int:
-    async with Remote.of(args) as r:
+    topo = await discover(args)
+    addr = topo.pick(args.node, args.vbucket)
+    async with Remote.of(args, *(addr or ())) as r:
         (pairs,) = await r.stats(f"checkpoint {args.vbucket}")
     doc = checkpoint_view(args.vbucket, by_vbucket(pairs).get(args.vbucket, {}))
+    where, node = topo.asked(addr, args.vbucket)
     if out.json_mode:
-        out.json(doc)
+        out.json({"vbucket": args.vbucket, **node, **doc} if node else doc)
         return 0
     out.line(
-        f"vb {args.vbucket}: high seqno {doc.get('high_seqno')}, persisted "
+        f"vb {args.vbucket}{where}: high seqno {doc.get('high_seqno')}, persisted "
         f"{doc.get('persisted_seqno')}, memory from seqno {doc.get('memory_start_seqno')}, "
         f"{doc.get('num_items')} items in {doc.get('num_checkpoints')} checkpoints, "
         f"{doc.get('mem_usage')} bytes"
@@ -329,10 +387,14 @@ async def cmd_checkpoints(args: argparse.Namespace, out: Output) -> int:
 
 async def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     group = " ".join(args.group)
-    async with Remote.of(args) as r:
+    topo = await discover(args)
+    addr = topo.pick(args.node)
+    async with Remote.of(args, *(addr or ())) as r:
         (pairs,) = await r.stats(group)
+    _, node = topo.asked(addr)
     if out.json_mode:
-        out.json({"group": group, "stats": dict(pairs)})
+        out.json({"group": group, **node, "stats": dict(pairs)})
         return 0
-    out.pairs(f"STAT {group!r} from {r.where}", pairs)
+    where = topo.label(addr) if addr is not None else r.where
+    out.pairs(f"STAT {group!r} from {where}", pairs)
     return 0

@@ -240,9 +240,20 @@ class Remote:
         except (KeyError, ValueError):
             raise CtlError(f"{self.where} did not report ep_num_vbuckets") from None
 
-    async def all_vb_seqnos(self) -> dict[int, int]:
-        """High seqno of every vbucket that is not dead (GET_ALL_VB_SEQNOS)."""
-        o, req = self._proto.request(Opcode.GET_ALL_VB_SEQNOS)
+    async def cluster_config(self) -> tuple[int, bytes]:
+        """GET_CLUSTER_CONFIG: ``(status, value)``, not raised: an older server answers
+        UNKNOWN_COMMAND and a cluster node without a map ETMPFAIL, and the caller
+        (``topology.py``) decides what each means."""
+        o, req = self._proto.request(Opcode.GET_CLUSTER_CONFIG)
+        got = await self._exchange([(o, req)], lambda f: True)
+        (f,) = got[o]
+        return f.status, bytes(f.value)
+
+    async def all_vb_seqnos(self, state: VBucketState | None = None) -> dict[int, int]:
+        """High seqno of every vbucket that is not dead (GET_ALL_VB_SEQNOS); with
+        ``state``, of the vbuckets in that state only (4-byte extras)."""
+        extras = b"" if state is None else int(state).to_bytes(4, "big")
+        o, req = self._proto.request(Opcode.GET_ALL_VB_SEQNOS, extras=extras)
         got = await self._exchange([(o, req)], lambda f: True)
         (f,) = got[o]
         self._check(f, "GET_ALL_VB_SEQNOS")
