@@ -38,7 +38,7 @@ from dcp.protocol.cluster_config import Address, ClusterConfig, format_address
 from .connection import DcpConnection
 from .errors import NoNodeAnsweredError, RetryTimeoutError, TransientError, UsageError
 from .node_link import NodeLink, control_call
-from .offset import FailoverLog
+from .offset import FailoverLog, StartFrom
 from .routing import RefreshGate, backoff, newer_config, pick
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class ClusterRunner:
         bad = [vb for vb in vbs if vb >= self.config.num_vbuckets]
         if bad:
             raise UsageError(f"vbuckets {bad[:5]} not in the cluster's {self.config.num_vbuckets}")
-        if not sup.needs_seqnos():
+        if not (sup.to_latest or sup.start is StartFrom.NOW):  # the map lists the vbuckets
             await sup.resolve(vbs, {}, None)
             return
         since = trio.current_time()
@@ -346,7 +346,13 @@ class ClusterRunner:
         high: dict[int, int] = {}
         for addr, mine in by_node.items():
             got = dict(await self.ask(addr, lambda c: c.get_all_vb_seqnos(ACTIVE)))
-            high.update((vb, got.get(vb, 0)) for vb in mine)
+            stale = [vb for vb in mine if vb not in got]
+            if stale:  # the map moved them on: refresh, ask again
+                raise NoActiveError(
+                    f"{format_address(addr)} holds no active vbuckets {stale[:8]} (map rev "
+                    f"{self.config.rev})"
+                )
+            high.update((vb, got[vb]) for vb in mine)
 
         async def logs(now_vbs: list[int]) -> dict[int, FailoverLog]:
             out: dict[int, FailoverLog] = {}

@@ -2,7 +2,8 @@
 
 Built only from ``dcp.protocol``'s codec. It answers HELLO / DCP_OPEN / DCP_CONTROL /
 GET_ALL_VB_SEQNOS / DCP_GET_FAILOVER_LOG / DCP_STREAM_REQ / DCP_BUFFER_ACK and the KV
-opcodes, and plays per-vbucket histories written by the test:
+opcodes (GET_CLUSTER_CONFIG when ``cluster_config`` is set: a node of a scripted
+cluster), and plays per-vbucket histories written by the test:
 
 - ``VbHistory.add_snapshot`` appends one snapshot (explicit seqnos allow gaps, i.e.
   deduplicated items); ``failover`` starts a new history branch (the server "lost"
@@ -385,6 +386,9 @@ class FakeConnection:
                 await self.respond(op, f.opaque, value=codec.failover_log_value(h.log))
         elif op == Opcode.DCP_STREAM_REQ:
             await self.stream_request(f)
+        elif op == Opcode.GET_CLUSTER_CONFIG and p.cluster_config is not None:
+            p.config_requests += 1
+            await self.respond(op, f.opaque, value=p.cluster_config)
         elif op == Opcode.DCP_BUFFER_ACK:
             n = codec.parse_buffer_ack(f)
             p.acks.append(n)
@@ -429,7 +433,7 @@ class FakeConnection:
             return
         h = p.vbs.get(vb)
         if h is None:
-            await self.respond(op, f.opaque, Status.NOT_MY_VBUCKET)
+            await self.respond(op, f.opaque, Status.NOT_MY_VBUCKET, value=p.nmvb_value)
             return
         if vb in self.streams and not self.streams[vb].done:
             await self.respond(op, f.opaque, Status.KEY_EEXISTS)
@@ -570,6 +574,10 @@ class FakeProducer:
     kv_tmpfail: int = 0
     send_noops: bool = True
     clamp_to_end: bool = True  # False: markers/items run past a stream's end seqno
+    #: GET_CLUSTER_CONFIG's answer (None: UNKNOWN_COMMAND, as an old server)
+    cluster_config: bytes | None = None
+    #: the value of a NOT_MY_VBUCKET answer to a stream request (a cluster's config)
+    nmvb_value: bytes = b""
 
     def __post_init__(self) -> None:
         self.port = 0
@@ -582,6 +590,7 @@ class FakeProducer:
         self.controls: list[tuple[str, str]] = []
         self.acks: list[int] = []
         self.noop_replies = 0
+        self.config_requests = 0
         self.noops_sent = 0
         self.client_noops = 0
         self.max_outstanding = 0
