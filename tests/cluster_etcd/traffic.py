@@ -296,6 +296,7 @@ class Follower:
                     connect_timeout=self.retry_timeout,
                     noop_interval=1.0,
                     name=f"follower-{vb}-{st.opens}",
+                    cluster=False,  # pinned to the node: this follower does the routing
                 ) as client:
                     async for got in client:
                         if isinstance(got, RollbackEvent):
