@@ -2,7 +2,9 @@
 
 Rules of this module:
 - The vbucket count is discovered from the server (STAT "" ``ep_num_vbuckets``) before
-  the ``KvClient`` is made, so keys are routed to the vbucket the server expects.
+  the ``KvClient`` is made, so keys are routed to the vbucket the server expects. In a
+  cluster (``topology.discover``) the count is the map's and the ``KvClient`` gets the
+  bootstrap list: it sends each key to its vbucket's active node and follows the map.
 - A missing key, a refused write or a timeout is one line on stderr and exit status 1;
   ``KvClient`` already retries what is retriable (within ``--timeout``).
 """
@@ -16,15 +18,21 @@ from ..consumer import DcpClientError, KeyNotFound, KvClient, StatusError
 from .access import sdk_options
 from .output import CtlError, Output, preview, value_doc
 from .remote import Remote
+from .topology import discover
 
 __all__ = ["cmd_delete", "cmd_get", "cmd_set"]
 
 
 async def _client(args: argparse.Namespace) -> KvClient:
-    async with Remote.of(args) as r:
-        n = await r.num_vbuckets()
+    topo = await discover(args)
+    host: Any = args.host
+    if topo.cluster and topo.num_vbuckets:  # the SDK routes by the map itself
+        host, n = args.bootstrap, topo.num_vbuckets
+    else:
+        async with Remote.of(args) as r:
+            n = await r.num_vbuckets()
     return KvClient(
-        args.host,
+        host,
         args.port,
         num_vbuckets=n,
         timeout=args.timeout,

@@ -243,8 +243,10 @@ async def cmd_vbuckets(args: argparse.Namespace, out: Output) -> int:
 async def cmd_failover_log(args: argparse.Namespace, out: Output) -> int:
     topo = await discover(args)
     addr = topo.pick(args.node, args.vbucket)
-    async with Remote.of(args, *(addr or ())) as r:
-        fields = by_vbucket((await r.stats(f"failovers {args.vbucket}"))[0]).get(args.vbucket, {})
+    with topo.on_node(addr):
+        async with Remote.of(args, *(addr or ())) as r:
+            (pairs,) = await r.stats(f"failovers {args.vbucket}")
+    fields = by_vbucket(pairs).get(args.vbucket, {})
     n = fields.get("num_entries", 0)
     entries = [
         {"index": i, "vb_uuid": fields[f"{i}:id"], "seqno": fields[f"{i}:seq"]} for i in range(n)
@@ -321,8 +323,9 @@ def _range(start: Any, last: Any) -> str:
 async def cmd_checkpoints(args: argparse.Namespace, out: Output) -> int:
     topo = await discover(args)
     addr = topo.pick(args.node, args.vbucket)
-    async with Remote.of(args, *(addr or ())) as r:
-        (pairs,) = await r.stats(f"checkpoint {args.vbucket}")
+    with topo.on_node(addr):
+        async with Remote.of(args, *(addr or ())) as r:
+            (pairs,) = await r.stats(f"checkpoint {args.vbucket}")
     doc = checkpoint_view(args.vbucket, by_vbucket(pairs).get(args.vbucket, {}))
     where, node = topo.asked(addr, args.vbucket)
     if out.json_mode:
@@ -389,8 +392,9 @@ async def cmd_stats(args: argparse.Namespace, out: Output) -> int:
     group = " ".join(args.group)
     topo = await discover(args)
     addr = topo.pick(args.node)
-    async with Remote.of(args, *(addr or ())) as r:
-        (pairs,) = await r.stats(group)
+    with topo.on_node(addr):
+        async with Remote.of(args, *(addr or ())) as r:
+            (pairs,) = await r.stats(group)
     _, node = topo.asked(addr)
     if out.json_mode:
         out.json({"group": group, **node, "stats": dict(pairs)})

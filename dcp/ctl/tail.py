@@ -6,6 +6,11 @@ Rules of this module:
 - It starts with one discovery round trip (``Remote``): unknown vbuckets and an
   unreachable server fail fast with one line, and ``--to-latest`` knows how far it must
   go (the progress bar's total, on a terminal only).
+- In a cluster (``topology.discover``) the high seqnos are the active ones of every node
+  (GET_ALL_VB_SEQNOS for state active, all nodes at once) and ``DcpClient`` gets the
+  bootstrap list: it streams each vbucket from the node that holds it and follows the
+  map through failovers and rebalances. A node that does not answer at the start is a
+  warning; its vbuckets are still streamed (no progress bar then: their end is unknown).
 - Runs until Ctrl-C, ``--limit`` changes, or (``--to-latest``) every vbucket reached
   the high seqno it had at the start. Table mode prints one line per event; ``--json``
   prints JSON Lines.
@@ -29,11 +34,13 @@ from ..consumer import (
     StatusError,
     StreamEnd,
 )
-from ..protocol import SnapshotMarkerFlag, StreamEndStatus
+from ..protocol import SnapshotMarkerFlag, StreamEndStatus, VBucketState
+from ..protocol.cluster_config import format_address
 from .access import sdk_options
 from .args import check_vbuckets
 from .output import CtlError, Output, preview, value_doc
 from .remote import Remote
+from .topology import Topology, discover, each_node, warn
 
 __all__ = ["cmd_tail", "event_doc", "snapshot_flags"]
 
@@ -121,10 +128,36 @@ def _progress(bar: Any, last: dict[int, int], vb: int, seqno: int) -> None:
         last[vb] = seqno
 
 
+async def _cluster_highs(args: argparse.Namespace, topo: Topology) -> tuple[int, dict[int, int]]:
+    """The map's vbucket count and the high seqno of each active vbucket, from every node
+    at once; a node that does not answer is a warning (the SDK streams its vbuckets once
+    the map moves them), not a failure."""
+    answers = await each_node(args, topo, lambda r: r.all_vb_seqnos(VBucketState.ACTIVE))
+    highs: dict[int, int] = {}
+    for got in answers.results.values():
+        highs.update(got)
+    for addr, err in answers.errors.items():
+        warn(f"{topo.label(addr)} unreachable: {err}; its vbuckets follow when the map moves them")
+    cfg = topo.config
+    if cfg is None:
+        return max(highs, default=-1) + 1, highs
+    for vb in range(cfg.num_vbuckets):  # actives on a node that did not answer
+        if vb not in highs and cfg.active(vb) in answers.errors:
+            highs[vb] = -1
+    return cfg.num_vbuckets, highs
+
+
 async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
-    async with Remote.of(args) as r:
-        count = await r.num_vbuckets()
-        highs = await r.all_vb_seqnos()
+    topo = await discover(args)
+    host: Any = args.host
+    if topo.cluster:  # the SDK follows the whole cluster from the bootstrap list
+        count, highs = await _cluster_highs(args, topo)
+        host, where = args.bootstrap, ",".join(format_address(a) for a in args.bootstrap)
+    else:
+        async with Remote.of(args) as r:
+            count = await r.num_vbuckets()
+            highs = await r.all_vb_seqnos()
+        where = f"{args.host}:{args.port}"
     vbs = check_vbuckets(args.vb, count)
     vbs = [vb for vb in vbs if vb in highs] if args.vb is None else vbs
     dead = [vb for vb in vbs if vb not in highs]
@@ -134,10 +167,12 @@ async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
         raise CtlError("every vbucket is dead: there is nothing to stream")
     start = StartFrom(args.start)
     total = (
-        sum(highs[vb] for vb in vbs) if args.to_latest and start is StartFrom.BEGINNING else None
+        sum(highs[vb] for vb in vbs)
+        if args.to_latest and start is StartFrom.BEGINNING and min(highs[vb] for vb in vbs) >= 0
+        else None
     )
     client = DcpClient(
-        args.host,
+        host,
         args.port,
         vbuckets=vbs,
         start=start,
@@ -172,7 +207,7 @@ async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
                     elif isinstance(ev, StreamEnd) and total is not None and ev.reason == _OK:
                         _progress(bar, last, ev.vbucket, highs[ev.vbucket])
     except (DcpClientError, StatusError) as exc:
-        raise CtlError(f"streaming from {args.host}:{args.port} failed: {exc}") from None
+        raise CtlError(f"streaming from {where} failed: {exc}") from None
     if not out.json_mode and (args.to_latest or args.limit):
         out.line(
             f"-- {counts['mutations']} mutations, {counts['deletions']} deletions, "

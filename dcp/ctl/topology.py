@@ -23,9 +23,10 @@ Rules of this module:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -171,15 +172,25 @@ class Topology:
             return "unknown"
         if self.config.active(vb) == addr:
             return "active"
-        return "replica" if addr in self.config.replicas(vb) else "no copy in the map"
+        return "replica" if addr in self.config.replicas(vb) else "unmapped"
 
     def asked(self, addr: Address | None, vb: int | None = None) -> tuple[str, dict[str, Any]]:
         """The title suffix and JSON fields naming the node a one-node command asked
         (nothing when ``addr`` is None: a single node prints as it always did)."""
         if addr is None:
             return "", {}
-        role = f", {self.role(addr, vb)}" if vb is not None and self.config is not None else ""
-        return f" on {self.label(addr)}{role}", self.node_doc(addr)
+        role = f", {self.role(addr, vb)} copy" if vb is not None and self.config else ""
+        return f"{role} on {self.label(addr)}", self.node_doc(addr)
+
+    @contextlib.contextmanager
+    def on_node(self, addr: Address | None) -> Iterator[None]:
+        """A one-node command's failure names the node it asked (in a cluster)."""
+        try:
+            yield
+        except CtlError as exc:
+            if addr is None:
+                raise
+            raise CtlError(f"{self.label(addr)}: {exc}", exc.code) from None
 
     def node_doc(self, addr: Address) -> dict[str, Any]:
         """The ``node`` / ``node_name`` fields JSON rows carry in a cluster."""

@@ -11,11 +11,12 @@ only, stopped by ``close()``; answers come from plain dicts the test can read an
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from typing import Any
 
-from dcp.protocol import FrameReader, Opcode, Status, VBucketState, codec
+from dcp.protocol import Datatype, FrameReader, Opcode, Status, VBucketState, codec
 from dcp.protocol.errors import StatusError
 
 STATE_NAMES = {s.value: s.name.lower() for s in VBucketState}
@@ -34,6 +35,12 @@ class FakeNode:
         self.source_goes_dead = True  # False: the source stays active after a takeover
         self.refuse: dict[int, int] = {}  # vb -> status SET_VBUCKET_STATE answers
         self.received: list[tuple[int, int, int, bytes]] = []  # (vb, extras state, dt, value)
+        # GET_CLUSTER_CONFIG: None answers UNKNOWN_COMMAND (an older server), else
+        # (status, value) as given (see make_config for a cluster's)
+        self.cluster_config: tuple[int, bytes] | None = None
+        self.general: dict[str, Any] = {}  # extra STAT "" pairs
+        self.dcp_streams: list[tuple[str, str]] = []  # the dcp-streams group's pairs
+        self.uuid_base = 1000  # vb_uuid = uuid_base + vb (tells which node answered)
         self.peers = peers if peers is not None else {}
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
@@ -80,6 +87,11 @@ class FakeNode:
             return codec.response(f.opcode, opaque=f.opaque, value=value)
         if f.opcode == Opcode.SET_VBUCKET_STATE:
             return self._set_state(f)
+        if f.opcode == Opcode.GET_CLUSTER_CONFIG and self.cluster_config is not None:
+            status, value = self.cluster_config
+            return codec.response(
+                f.opcode, status, opaque=f.opaque, datatype=Datatype.JSON, value=value
+            )
         return codec.response(f.opcode, Status.UNKNOWN_COMMAND, opaque=f.opaque)
 
     def _set_state(self, f: Any) -> bytes:
@@ -129,7 +141,14 @@ class FakeNode:
     def _pairs(self, group: str) -> list[tuple[str, Any]] | None:
         vbs = sorted(self.states)
         if group == "":
-            return [("ep_num_vbuckets", len(vbs))]
+            return [("ep_num_vbuckets", len(vbs)), *self.general.items()]
+        if group.startswith("failovers "):
+            vb = int(group.split()[1])
+            return [
+                (f"vb_{vb}:num_entries", 1),
+                (f"vb_{vb}:0:id", self.uuid_base + vb),
+                (f"vb_{vb}:0:seq", 0),
+            ]
         if group == "vbucket":
             return [(f"vb_{vb}", STATE_NAMES[self.states[vb]]) for vb in vbs]
         if group == "vbucket-seqno":
@@ -137,15 +156,18 @@ class FakeNode:
             for vb in vbs:
                 out += [
                     (f"vb_{vb}:high_seqno", self.high[vb]),
-                    (f"vb_{vb}:vb_uuid", 1000 + vb),
+                    (f"vb_{vb}:vb_uuid", self.uuid_base + vb),
                     (f"vb_{vb}:last_persisted_seqno", self.high[vb]),
                     (f"vb_{vb}:purge_seqno", 0),
                 ]
             return out
+        if group.startswith("checkpoint "):
+            vb = int(group.split()[1])
+            return [(f"vb_{vb}:num_items", 0), (f"vb_{vb}:high_seqno", self.high[vb])]
         if group == "checkpoint":
             return [(f"vb_{vb}:num_items", 0) for vb in vbs]
         if group == "dcp-streams":
-            return []
+            return list(self.dcp_streams)
         if group == "replication" and self.has_replication_group:
             out = [(f"vb_{vb}:state", STATE_NAMES[self.states[vb]]) for vb in vbs]
             for vb, r in sorted(self.replication.items()):
@@ -159,3 +181,27 @@ class FakeNode:
                 ]
             return out
         return None
+
+
+def make_config(
+    servers: list[str], chains: list[list[int]], rev: int = 7, names: list[str] | None = None
+) -> bytes:
+    """A bucket config as a cluster node sends it (protocol_spec/README.md §6.9): the
+    nodes' ``HOST:PORT``, per vbucket ``[active, replica...]`` indexes, node names."""
+    names = names or [f"n{i + 1}" for i in range(len(servers))]
+    ext = []
+    for addr, name in zip(servers, names, strict=True):
+        host, _, port = addr.rpartition(":")
+        ext.append({"hostname": host, "services": {"kv": int(port)}, "nodeName": name})
+    return json.dumps(
+        {
+            "rev": rev,
+            "numVBuckets": len(chains),
+            "nodesExt": ext,
+            "vBucketServerMap": {
+                "numReplicas": max(len(c) for c in chains) - 1,
+                "serverList": servers,
+                "vBucketMap": chains,
+            },
+        }
+    ).encode()
