@@ -176,7 +176,7 @@ class Topology:
         self._fetched_at = -1e18
 
     def describe(self) -> str:
-        if len(self.cfg.addresses) == 1:
+        if len(self.cfg.addresses) == 1 and not self.cluster:
             return f"the DCP server at {format_address(self.cfg.addresses[0])}"
         listed = ", ".join(map(format_address, self.cfg.addresses))
         return f"the DCP cluster (bootstrap list {listed})"

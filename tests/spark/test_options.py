@@ -92,3 +92,28 @@ def test_kafka_names_are_aliases_with_the_same_meaning():
 def test_near_misses_and_contradictions_are_refused_with_a_hint(opts, streaming, match):
     with pytest.raises(OptionError, match=match):
         parse_options(opts, streaming=streaming)
+
+
+def test_host_takes_one_address_or_a_bootstrap_list():
+    one = parse_options({"host": "db1", "port": "2000"}, streaming=True)
+    assert (one.host, one.port, one.bootstrap, one.addresses) == ("db1", 2000, (), (("db1", 2000),))
+    with_port = parse_options({"host": "db1:3000"}, streaming=True)
+    assert (with_port.host, with_port.port, with_port.bootstrap) == ("db1", 3000, ())
+    many = parse_options({"host": " a:1, b ,[::1]:3", "port": "9"}, streaming=True)
+    assert many.addresses == (("a", 1), ("b", 9), ("::1", 3))  # a bare host uses option port
+    assert (many.host, many.port) == ("a", 1)
+    assert parse_options({"host": "::1"}, streaming=True).addresses == (("::1", 11210),)
+
+
+@pytest.mark.parametrize("host", ["a:1,b:x", "a:1,:2", "a:99999", " , ", "[::1:3"])
+def test_a_malformed_host_list_is_refused_by_name(host):
+    with pytest.raises(OptionError, match="option host"):
+        parse_options({"host": host}, streaming=None)
+
+
+def test_plain_passwords_are_refused_to_any_remote_node_of_a_list():
+    with pytest.raises(OptionError, match="PLAIN password in clear to db2"):
+        parse_options(
+            {"host": "127.0.0.1:1,db2:2", "username": "u", "password": "p", "mechanism": "PLAIN"},
+            streaming=True,
+        )
