@@ -142,7 +142,8 @@ async def execute(
                     for i in idxs:
                         results[i] = answer.error
                     continue
-                last = answer
+                if last is None or not isinstance(answer, trio.TooSlowError):
+                    last = answer  # a cut-short last attempt says less than what came before
                 retry += idxs
                 refresh = True
                 continue
