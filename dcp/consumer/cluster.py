@@ -82,6 +82,8 @@ class ClusterRunner:
         if sup.session is None:
             await self._resolve()
         assert sup.session is not None
+        if sup.routing.prefer_replica:  # route to the replicas from the first request on
+            await self._read_seqnos()
         now = trio.current_time()
         self.waiting = {vb: now for vb in sup.session.positions}
         async with trio.open_nursery() as nursery:

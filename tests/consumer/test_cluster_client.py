@@ -217,3 +217,20 @@ async def test_no_node_answering_names_every_address_tried() -> None:
     assert isinstance(last, NoNodeAnsweredError)
     assert last.addresses == addrs
     assert all(a in str(info.value) for a in addrs)
+
+
+@pytest.mark.parametrize(("lag", "behind", "node"), [(1000, 5, "b"), (2, 5, "a")])
+async def test_prefer_replica_streams_from_a_replica_within_the_lag(two, lag, behind, node):
+    a, b = two
+    a.vb(0).add_mutations(20)
+    b.vb(0).add_mutations(20 - behind)  # b's replica copy, ``behind`` seqnos behind
+    serve([[0, 1]], 5, a, b)
+    with trio.fail_after(20):
+        async with client(nodes(a, b), prefer_replica=True, max_replica_lag=lag) as c:
+            got: list = []
+            while len(keys(got, 0)) < 20 - behind:
+                got.append(await c.__anext__())
+    served = {"a": a, "b": b}[node]
+    other = {"a": b, "b": a}[node]
+    assert [r.vbucket for r in served.stream_requests] == [0]
+    assert other.stream_requests == []
