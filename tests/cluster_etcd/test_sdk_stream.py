@@ -10,6 +10,11 @@ event or a deadline. One test function, one cluster (the module's budget is abou
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+from pathlib import Path
+
 import pytest
 import trio
 
@@ -20,6 +25,12 @@ from .harness import EtcdCluster, until
 from .traffic import keys_for, read_all
 
 pytestmark = pytest.mark.slow
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sdk.md"
+#: docs/sdk.md's cluster examples (the single-node ones: tests/consumer/test_docs_examples.py)
+CLUSTER_EXAMPLES = [
+    b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "DCP_BOOTSTRAP" in b
+]
 
 
 class View:
@@ -148,3 +159,32 @@ async def test_one_client_follows_a_rebalance_and_a_failover_to_the_exact_final_
         assert t >= killed_at and ev.vbucket in victims_vbs, ev
         assert ev.rollback_seqno < ev.seqno
     c.assert_no_crash()
+
+
+async def test_the_docs_cluster_example_runs_on_two_nodes(
+    etcd_cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    assert CLUSTER_EXAMPLES, "docs/sdk.md has no cluster example"
+    c = etcd_cluster
+    await c.start("n1", "n2")
+    await c.wait_settled(["n1", "n2"], timeout=40)
+    env = dict(
+        os.environ,
+        DCP_BOOTSTRAP=f"{c.address('n1')},{c.address('n2')}",
+        PYTHONPATH=str(DOC.parents[1]),
+    )
+    for i, example in enumerate(CLUSTER_EXAMPLES):
+        script = tmp_path / f"cluster_example_{i}.py"
+        script.write_text(example)
+        with trio.fail_after(30):
+            proc = await trio.run_process(
+                [sys.executable, str(script)],
+                env=env,
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        # it streamed from both nodes: each holds actives of a settled two-node map
+        out = proc.stdout.decode()
+        assert c.address("n1") in out and c.address("n2") in out, out
