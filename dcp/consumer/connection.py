@@ -6,11 +6,8 @@ Rules of this module:
   SDK's choices. Streams are matched by opaque; one stream per vbucket per connection.
   Every stream request gets a new opaque, so late messages of an abandoned stream are
   ignored (their bytes still count for flow control).
-- Bootstrap (HELLO, DCP_OPEN, DCP_CONTROLs) is pipelined in one write; responses are
-  matched by opaque by the reader task. A refused control degrades gracefully: no noop
-  means no dead-connection detection, no window means no flow control. With
-  credentials, HELLO goes alone, then the SASL exchange (``security.authenticate``),
-  then the rest in one write: a server with authentication on refuses DCP_OPEN before.
+- Bootstrap (HELLO, DCP_OPEN, DCP_CONTROLs) and the KV requests a client plans with are
+  ``requests.py``'s (a mixin); responses are matched by opaque by the reader task.
 - Stream requests are sent by one opener task from a due-time heap (immediate opens,
   reopens after a stream end, retries with backoff), many per write; a vbucket whose
   start equals its end seqno 0 is done without a request.
@@ -33,24 +30,21 @@ from collections.abc import Awaitable, Callable, Iterable
 import trio
 
 from dcp.protocol import codec
-from dcp.protocol.errors import for_status
 from dcp.protocol.frames import Frame
-from dcp.protocol.opcodes import SEQNO_MAX, DcpOpenFlag, HelloFeature, Opcode, Status
+from dcp.protocol.opcodes import SEQNO_MAX
 from dcp.protocol.session import ClientSession
 
 from .batches import CommitFn
 from .config import ConnectionConfig
 from .delivery import Delivery
 from .errors import ConnectionLostError, DeadConnectionError
-from .offset import FailoverLog
 from .positions import Session
 from .reader import StreamReader
-from .security import authenticate, closed_message, tls_failure
+from .requests import Requests
+from .security import closed_message, tls_failure
 from .snapshot_buffer import StreamBuffer
 
 __all__ = ["ConnectionConfig", "DcpConnection"]
-
-HELLO_FEATURES = [HelloFeature.XERROR, HelloFeature.JSON, HelloFeature.MUTATION_SEQNO]
 
 
 class _Rpc:
@@ -62,7 +56,7 @@ class _Rpc:
         self.error: BaseException | None = None
 
 
-class DcpConnection:
+class DcpConnection(Requests):
     """A connected, (soon) handshaken DCP producer connection and its streams."""
 
     def __init__(
@@ -226,99 +220,6 @@ class DcpConnection:
         self.fc.closed = True
         await trio.aclose_forcefully(self._stream)
 
-    # ------------------------------------------------------------------ handshake
-
-    async def handshake(self, dcp: bool = True) -> None:
-        """HELLO (and SASL), then with ``dcp`` DCP_OPEN and the controls; without, the
-        connection is for KV requests only (GET_CLUSTER_CONFIG, GET_ALL_VB_SEQNOS)."""
-        cfg = self.cfg
-        flags = DcpOpenFlag.PRODUCER
-        if cfg.include_delete_times or cfg.include_expirations:
-            flags |= DcpOpenFlag.INCLUDE_DELETE_TIMES
-        controls: list[tuple[str, str]] = []
-        if cfg.noop_interval:
-            controls += [("enable_noop", "true"), ("set_noop_interval", f"{cfg.noop_interval:g}")]
-        if cfg.buffer_size:
-            controls.append(("connection_buffer_size", str(cfg.buffer_size)))
-        controls += [
-            ("supports_cursor_dropping", "true"),
-            ("send_stream_end_on_client_close_stream", "true"),
-            # this server's extension (protocol_spec/README.md, DCP_CONTROL): a
-            # disk snapshot whose last item was purged still completes at once
-            ("send_seqno_advanced", "true"),
-        ]
-        if cfg.include_expirations:
-            controls.append(("enable_expiry_opcode", "true"))
-        o = self.next_opaque()
-        reqs = [(o, codec.hello(cfg.agent, [int(f) for f in HELLO_FEATURES], opaque=o))]
-        frames: list[Frame] = []
-        if cfg.credentials is not None or not dcp:
-            frames = await self.call(reqs)
-            reqs = []
-            if cfg.credentials is not None:
-                await authenticate(self._ask, cfg.credentials)
-        if not dcp:
-            _check_answer("HELLO", frames[0], cfg.credentials is not None)
-            return
-        o = self.next_opaque()
-        reqs.append((o, codec.dcp_open(cfg.name, int(flags), opaque=o)))
-        for key, value in controls:
-            o = self.next_opaque()
-            reqs.append((o, codec.dcp_control(key, value, opaque=o)))
-        frames += await self.call(reqs)
-        for what, f in zip(("HELLO", "DCP_OPEN"), frames[:2], strict=True):
-            _check_answer(what, f, cfg.credentials is not None)
-        ok = {k: f.status == Status.SUCCESS for (k, _), f in zip(controls, frames[2:], strict=True)}
-        if cfg.noop_interval and ok["enable_noop"] and ok["set_noop_interval"]:
-            self.probe_after = cfg.noop_interval
-        if cfg.buffer_size and not ok["connection_buffer_size"]:
-            self.fc.enabled = False
-
-    async def _ask(self, build: Callable[[int], bytes]) -> tuple[int, bytes]:
-        """One request of the SASL exchange and its answer (``security.Ask``)."""
-        o = self.next_opaque()
-        (f,) = await self.call([(o, build(o))])
-        return f.status, bytes(f.value)
-
-    async def get_all_vb_seqnos(self, state: int | None = None) -> list[tuple[int, int]]:
-        """(vb, high seqno) of every vbucket that is not dead, or only of those in
-        ``state`` (1 active, 2 replica: the request's optional extras)."""
-        o = self.next_opaque()
-        extras = codec.U32.pack(state) if state else b""
-        req = codec.request(Opcode.GET_ALL_VB_SEQNOS, opaque=o, extras=extras)
-        (f,) = await self.call([(o, req)])
-        if f.status != Status.SUCCESS:
-            raise for_status(f.status, bytes(f.value), "GET_ALL_VB_SEQNOS refused")
-        return codec.parse_all_vb_seqnos(bytes(f.value))
-
-    async def get_cluster_config(self) -> bytes | None:
-        """The node's bucket config JSON; None when the server does not know the command
-        (an older or a test server: a single node). A cluster node without a map yet
-        answers ETMPFAIL: raised as ``ConnectionLostError`` (transient: ask again)."""
-        o = self.next_opaque()
-        (f,) = await self.call([(o, codec.request(Opcode.GET_CLUSTER_CONFIG, opaque=o))])
-        if f.status == Status.UNKNOWN_COMMAND:
-            return None
-        if f.status != Status.SUCCESS:
-            err = for_status(f.status, bytes(f.value), "GET_CLUSTER_CONFIG refused")
-            if err.retriable:
-                raise ConnectionLostError(f"GET_CLUSTER_CONFIG: {err}") from err
-            raise err
-        return bytes(f.value)
-
-    async def get_failover_logs(self, vbuckets: list[int]) -> dict[int, FailoverLog]:
-        reqs = []
-        for vb in vbuckets:
-            o = self.next_opaque()
-            reqs.append((o, codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=vb, opaque=o)))
-        frames = await self.call(reqs)
-        out: dict[int, FailoverLog] = {}
-        for vb, f in zip(vbuckets, frames, strict=True):
-            if f.status != Status.SUCCESS:
-                raise for_status(f.status, bytes(f.value), f"GET_FAILOVER_LOG vb {vb} refused")
-            out[vb] = tuple(codec.parse_failover_log(bytes(f.value)))
-        return out
-
     # ------------------------------------------------------------------ streams
 
     def start_streams(self, session: Session, vbuckets: Iterable[int] | None = None) -> None:
@@ -442,16 +343,3 @@ class DcpConnection:
         self._by_vb[vb] = st
         self.stats["stream_requests"] += 1
         return data
-
-
-def _check_answer(what: str, f: Frame, authenticated: bool) -> None:
-    """A handshake answer: SUCCESS, else the error (a retriable one as transient)."""
-    if f.status == Status.SUCCESS:
-        return
-    hint = ""
-    if f.status == Status.EACCESS and not authenticated:
-        hint = " (the server requires authentication: username= and password=)"
-    err = for_status(f.status, bytes(f.value), f"{what} refused{hint}")
-    if err.retriable:
-        raise ConnectionLostError(f"{what}: {err}") from err
-    raise err
