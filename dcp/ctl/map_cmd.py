@@ -127,7 +127,8 @@ async def cmd_map(args: argparse.Namespace, out: Output) -> int:
         return finish(in_map, topo)
     out.line(
         f"map rev {cfg.rev} from {topo.label(source)}: {len(cfg.servers)} nodes, "
-        f"{cfg.num_vbuckets} vbuckets, {cfg.num_replicas} replicas"
+        f"{cfg.num_vbuckets} vbuckets, {cfg.num_replicas} "
+        f"replica{'' if cfg.num_replicas == 1 else 's'} per vbucket"
     )
     out.table(
         None,

@@ -211,7 +211,7 @@ def test_map_shows_nodes_actives_replicas_and_each_nodes_own_revision(pair) -> N
     nodes = [(n["node_name"], n["actives"], n["replicas"], n["rev"]) for n in doc["nodes"]]
     assert nodes == [("n1", [0, 1], [2, 3], 7), ("n2", [2, 3], [0, 1], 7)]
     text = ok(*_host(a), "map")
-    assert f"map rev 7 from n1 ({a.address}): 2 nodes, 4 vbuckets, 1 replicas" in text
+    assert f"map rev 7 from n1 ({a.address}): 2 nodes, 4 vbuckets, 1 replica per vbucket" in text
     assert table_rows(text) == [
         ["n1", a.address, "2", "2", "0-1", "serves rev 7"],
         ["n2", b.address, "2", "2", "2-3", "serves rev 7"],
