@@ -435,15 +435,7 @@ class DcpClient:
             out["connected"] = conn is not None and conn.error is None
             out["flow_control"] = conn.fc.statistics() if conn is not None else None
             return out
-        cluster = sup.runner.statistics()
-        nodes = cluster["nodes"]
-        out["connected"] = any(n["connected"] for n in nodes.values())
-        totals: dict[str, int] = {}
-        for n in nodes.values():
-            for k, v in (n["flow_control"] or {}).items():
-                totals[k] = totals.get(k, 0) + v
-        out["flow_control"] = totals or None  # summed over the nodes' connections
-        out.update(cluster)
+        out.update(sup.runner.statistics())
         return out
 
     @property

@@ -367,7 +367,9 @@ class ClusterRunner:
     # ------------------------------------------------------------------ introspection
 
     def statistics(self) -> dict[str, Any]:
-        nodes = {}
+        """The client's cluster statistics: per node, the map's revision, and connected /
+        flow control over every connection."""
+        nodes: dict[str, dict[str, Any]] = {}
         for addr in self.config.servers:
             link = self.links.get(addr)
             nodes[format_address(addr)] = (
@@ -377,7 +379,13 @@ class ClusterRunner:
             )
         for addr, link in self.links.items():
             nodes.setdefault(format_address(addr), link.statistics())
+        totals: dict[str, int] = {}
+        for n in nodes.values():
+            for k, v in (n["flow_control"] or {}).items():
+                totals[k] = totals.get(k, 0) + v
         return {
+            "connected": any(n["connected"] for n in nodes.values()),
+            "flow_control": totals or None,  # summed over the nodes' connections
             "config_rev": self.config.rev,
             "config_refreshes": self.refreshes,
             "nodes": nodes,
