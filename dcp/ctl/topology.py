@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Iterator
@@ -230,6 +231,10 @@ async def discover(args: argparse.Namespace) -> Topology:
             continue
         topo.answered = topo.answered or addr
         config = _read_config(addr, status, value)
+        if config is not None and len(config.servers) == 1 and config.servers != (addr,):
+            # one server: it is the node we reached, whatever its serverList text says
+            # (a single node may name 0.0.0.0 or a name we cannot use)
+            config = dataclasses.replace(config, servers=(addr,))
         if config is not None:
             topo.config, topo.answered = config, addr
             break

@@ -271,6 +271,11 @@ def test_a_single_node_is_shown_as_before_whatever_it_answers(pair) -> None:
         assert f"4 vbuckets on {a.address}" in ok(*_host(a), "vbuckets")
         assert "node" not in ok_json(*_host(a), "stats")
         assert ("no cluster map yet" in r.stderr) == (answer is not None and answer[0] != 0)
+    # in a list, a one-server map names the node reached, not its serverList text
+    a.cluster_config = (Status.SUCCESS, make_config(["0.0.0.0:11210"], [[0]] * 4, rev=1))
+    doc = ok_json(*_host(a, _b), "vbuckets")
+    assert {r["node"] for r in doc["vbuckets"]} == {a.address} and len(doc["vbuckets"]) == 4
+    assert ok_json(*_host(a, _b), "map")["nodes"][0]["node"] == a.address
 
 
 def test_a_malformed_config_is_ignored_with_a_warning(pair) -> None:
