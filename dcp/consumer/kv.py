@@ -152,6 +152,7 @@ class KvClient:
         except BaseException:
             await self.aclose()
             raise
+        self._nursery.start_soon(self._nodes.poll)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

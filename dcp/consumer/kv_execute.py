@@ -190,6 +190,8 @@ async def execute(
             newer = await nodes.refresh(deadline) or newer
         elapsed = trio.current_time() - start
         if elapsed >= timeout:
+            if isinstance(last, trio.TooSlowError):
+                nodes.refresh_soon()  # a silent node: its vbuckets may have moved
             err = RetryTimeoutError(
                 f"opcode 0x{ops[pending[0]].opcode:02x}",
                 vbucket=ops[pending[0]].vbucket,

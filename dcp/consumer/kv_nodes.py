@@ -21,6 +21,9 @@ Rules of this module:
   than ``REFRESH_INTERVAL``: callers that come while a fetch runs wait for its outcome,
   callers that come too soon get "no change" and back off. So a stale node that answers
   NOT_MY_VBUCKET forever costs one small request per interval, never a busy loop.
+- A node that stops answering says nothing: in cluster mode the map is also polled every
+  ``POLL_INTERVAL`` and refreshed at once when an operation timed out on a silent node,
+  so later operations follow a failover. A single server is never polled.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ KV_FEATURES = [
 ]
 #: The shortest time between two config fetches (module rules).
 REFRESH_INTERVAL = 0.1
+#: How often a client in cluster mode asks for the map without a reason (``poll``).
+POLL_INTERVAL = 2.5
 #: The longest one node may take to answer a refresh before the next one is asked.
 ASK_TIMEOUT = 1.0
 #: Statuses that mean "ask again later", not "this server has no config to give".
@@ -220,14 +225,44 @@ class KvNodes:
             backoff = min(backoff * 2, 1.0)
 
     def _candidates(self) -> list[Address]:
-        healthy = [a for a, c in self._conns.items() if c.error is None]
+        # open connections first, the idlest first: a frozen node sits on unanswered
+        # requests and would only answer after ASK_TIMEOUT, if at all
+        conns = sorted(
+            ((len(c.waiting), a) for a, c in self._conns.items() if c.error is None),
+            key=lambda x: x[0],
+        )
+        healthy = [a for _, a in conns]
         return healthy + [a for a in self.router.addresses() if a not in healthy]
+
+    async def poll(self) -> None:
+        """In cluster mode, refresh the map every ``POLL_INTERVAL``: a node that stopped
+        answering sends no NOT_MY_VBUCKET, yet the cluster fails it over and its
+        vbuckets must be found elsewhere. A single server is never polled."""
+        while not self.closed:
+            await trio.sleep(POLL_INTERVAL)
+            if self.router.single is None and self._connector is None:
+                try:
+                    await self.refresh(trio.current_time() + self.timeout)
+                except ClientClosedError:
+                    return
+
+    def refresh_soon(self) -> None:
+        """Start a refresh without waiting for it (an operation timed out on a node that
+        did not answer: the map may have moved its vbuckets)."""
+        if self.nursery is not None and not self.closed and self.router.single is None:
+            self.nursery.start_soon(self._refresh_quietly)
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.refresh(trio.current_time() + self.timeout)
+        except ClientClosedError:
+            pass
 
     async def refresh(self, deadline: float) -> bool:
         """Fetch the config from any reachable node (rate-limited, module rules); True
         when a newer one was adopted."""
-        if self._connector is not None:
-            return False  # pinned (module rules)
+        if self._connector is not None or deadline <= trio.current_time():
+            return False  # pinned (module rules), or no time left to ask
         fetching = self._fetching
         if fetching is not None:
             rev = self.router.config.rev if self.router.config else -1

@@ -5,7 +5,8 @@ Rules of this module:
 - A ``FakeNode`` listens on loopback (port 0) inside the test's nursery and speaks the
   binary protocol with bytes (``codec``): HELLO, GET_CLUSTER_CONFIG, SET/ADD/REPLACE/
   DELETE/GET. What it owns (``owned``), answers (``config``, ``nmvb_body``) and does
-  wrong (``drop_on``: close the connection on that opcode without answering) is plain
+  wrong (``drop_on``: close the connection on that opcode without answering; ``silent``:
+  answer nothing, as a frozen process) is plain
   attributes the test changes while the client runs.
 - Nodes of one fake cluster share one ``docs`` dict, as replicas would hold the data.
 - Everything a node receives is recorded (``received``: opcode, vbucket, key), so tests
@@ -61,6 +62,7 @@ class FakeNode:
         self.config = b""  # GET_CLUSTER_CONFIG's answer; b"": UNKNOWN_COMMAND
         self.nmvb_body: bytes | None = None  # None: the config
         self.drop_on: int | None = None
+        self.silent = False  # receives but never answers (a frozen process)
         self.received: list[tuple[int, int, bytes]] = []
         self._listeners: list[trio.SocketListener] = []
         self._streams: list[trio.SocketStream] = []
@@ -102,8 +104,10 @@ class FakeNode:
                     if f.opcode == self.drop_on:
                         await stream.aclose()
                         return
-                    out += self._answer(f)
-                await stream.send_all(out)
+                    if not self.silent:
+                        out += self._answer(f)
+                if out:
+                    await stream.send_all(out)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 

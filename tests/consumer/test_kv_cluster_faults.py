@@ -146,3 +146,43 @@ async def test_a_vbucket_without_an_active_waits_for_the_map(nursery: trio.Nurse
             await kv.set(key_in(3), b"x")
     assert info.value.vbucket == 3 and isinstance(info.value.last_error, TransientError)
     assert "no active node" in str(info.value)
+
+
+async def test_a_silent_node_makes_the_client_look_for_a_newer_map(
+    nursery: trio.Nursery,
+) -> None:
+    """A frozen node sends no NOT_MY_VBUCKET; when an operation times out on it the map
+    is refreshed at once, so the next one goes where the cluster failed it over."""
+    nodes = await fake_cluster(nursery, 2)
+    serve_map(nodes, 1, SPLIT)
+    n1, n2 = nodes
+    async with KvClient(f"{HOST}:{n1.port}", timeout=1.0) as kv:
+        await kv.set(key_in(1), b"before")
+        n2.silent = True
+        serve_map(nodes, 2, [0] * NVB)  # the failover: nobody tells the client
+        with pytest.raises(RetryTimeoutError):
+            await kv.set(key_in(1), b"lost?")
+        t0 = trio.current_time()
+        with trio.fail_after(1.0):  # well before the 2.5 s poll
+            while kv.config is None or kv.config.rev < 2:
+                await trio.sleep(0.02)
+        assert trio.current_time() - t0 < 1.0
+        await kv.set(key_in(1), b"after")
+    assert n1.docs[key_in(1)] == b"after"
+
+
+async def test_the_map_is_polled_in_cluster_mode(nursery: trio.Nursery) -> None:
+    nodes = await fake_cluster(nursery, 2)
+    serve_map(nodes, 1, SPLIT)
+    async with KvClient(f"{HOST}:{nodes[0].port}", timeout=5) as kv:
+        serve_map(nodes, 2, [0] * NVB)
+        with trio.fail_after(4):  # POLL_INTERVAL (2.5 s) and some
+            while kv.config is None or kv.config.rev < 2:
+                await trio.sleep(0.05)
+    single = nodes[1]
+    single.config = config_json(1, [single], [0] * NVB, single)
+    single.owned = set(range(NVB))
+    async with KvClient(f"{HOST}:{single.port}", timeout=5) as kv:
+        before = single.count(Opcode.GET_CLUSTER_CONFIG)
+        await trio.sleep(3)
+        assert single.count(Opcode.GET_CLUSTER_CONFIG) == before  # a single server: never
