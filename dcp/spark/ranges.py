@@ -43,7 +43,8 @@ class RangeRead:
 
     Connection states (kept here, driven by the executor): ``new`` -> ``requested``
     (stream request sent) -> ``open`` (accepted) -> ``closing`` (DCP_CLOSE_STREAM sent,
-    waiting for its STREAM_END) -> ``done``; ``retry`` while waiting out a back-off.
+    waiting for its STREAM_END) -> ``done``; ``retry`` while waiting out a back-off;
+    ``moved`` when handed to another node of a cluster (the reader there requests it again).
     """
 
     __slots__ = (
