@@ -306,8 +306,8 @@ class NodeView:
         if not topo.cluster:
             addr = self.cfg.addresses[0]
             client, gen = self._client(addr)
-            highs = client.get_all_vb_seqnos()
-            return highs, dict.fromkeys(highs, (addr, gen))
+            every = client.get_all_vb_seqnos()
+            return every, dict.fromkeys(every, (addr, gen))
         config = topo.config
         assert config is not None
         vbs = range(config.num_vbuckets) if wanted is None else sorted(wanted)

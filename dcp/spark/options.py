@@ -369,7 +369,9 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         kw["plan_cache_seconds"] = _int("planCacheMs", opts["plancachems"], 0) / 1000.0
     if "arrowbatchrows" in opts:
         kw["arrow_batch_rows"] = _int("arrowBatchRows", opts["arrowbatchrows"], 1)
-    kw["credentials"], kw["tls"] = resolve_security(str(kw.get("host", "127.0.0.1")), opts)
-    for other, _ in kw.get("bootstrap", ())[1:]:  # type: ignore[attr-defined]
-        check_plain(other, kw["credentials"], kw["tls"] is not None)  # type: ignore[arg-type]
+    creds, tls = resolve_security(str(kw.get("host", "127.0.0.1")), opts)
+    kw["credentials"], kw["tls"] = creds, tls
+    bootstrap: tuple[Address, ...] = kw.get("bootstrap", ())  # type: ignore[assignment]
+    for other, _ in bootstrap[1:]:  # every node gets the password, not just the first
+        check_plain(other, creds, tls is not None)
     return SourceConfig(**kw)  # type: ignore[arg-type]
