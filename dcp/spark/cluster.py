@@ -2,11 +2,12 @@
 planner's connections to the nodes that hold them active.
 
 Rules of this module:
-- **Single server**: one bootstrap address whose config names one server, or a server
-  that does not know GET_CLUSTER_CONFIG. Everything goes to that address (never to the
-  config's ``serverList`` text, which may be ``0.0.0.0``), exactly as before clusters:
-  one kept connection, GET_ALL_VB_SEQNOS without a state, no config refresh.
-- **Cluster** (a bootstrap list, or a config naming more than one server): routed by
+- **Single server**: a config naming one server, or (one bootstrap address) a server
+  that does not know GET_CLUSTER_CONFIG. Everything goes to the bootstrap address that
+  answered (never to the config's ``serverList`` text, which may be ``0.0.0.0``),
+  exactly as before clusters: one kept connection, GET_ALL_VB_SEQNOS without a state, no
+  config refresh.
+- **Cluster** (a config naming more than one server): routed by
   ``dcp.protocol.cluster_config.ClusterConfig``. A vbucket is planned and read on the
   node that holds its active copy; a node's address is its ``serverList`` entry.
 - The config comes from the first address of the bootstrap list that answers, then the
@@ -172,15 +173,17 @@ class Topology:
     def __init__(self, cfg: SourceConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.config: ClusterConfig | None = None
-        self.cluster = False  # route by ``config`` (else: everything to the bootstrap address)
+        self.cluster = False  # route by ``config`` (else: everything to ``address``)
+        #: a single server's address: the bootstrap address that answered
+        self.address: Address = cfg.addresses[0]
         self.loaded = False
         self.fetches = 0  #: config fetches made (rate limit; tests)
         self._clock = clock
         self._fetched_at = -1e18
 
     def describe(self) -> str:
-        if len(self.cfg.addresses) == 1 and not self.cluster:
-            return f"the DCP server at {format_address(self.cfg.addresses[0])}"
+        if not self.cluster and (self.loaded or len(self.cfg.addresses) == 1):
+            return f"the DCP server at {format_address(self.address)}"
         listed = ", ".join(map(format_address, self.cfg.addresses))
         return f"the DCP cluster (bootstrap list {listed})"
 
@@ -198,7 +201,10 @@ class Topology:
                 f"address to read a single server"
             )
         self.config = config
-        self.cluster = len(addrs) > 1 or (config is not None and len(config.servers) > 1)
+        # One server in the map: routed to the address that answered, never to its
+        # serverList text (a single server may advertise 0.0.0.0).
+        self.cluster = config is not None and len(config.servers) > 1
+        self.address = addr
         self.loaded = True
 
     def offer(self, body: bytes | None) -> bool:
@@ -304,7 +310,7 @@ class NodeView:
             topo.load(self.clients)
             self.connected_once = True  # a node answered: later refusals are outages
         if not topo.cluster:
-            addr = self.cfg.addresses[0]
+            addr = topo.address
             client, gen = self._client(addr)
             every = client.get_all_vb_seqnos()
             return every, dict.fromkeys(every, (addr, gen))
@@ -383,7 +389,9 @@ class NodeView:
         address)."""
         topo = self.topology
         if not topo.cluster or topo.config is None:
-            return None
+            if topo.address == (self.cfg.host, self.cfg.port):
+                return None
+            return dict.fromkeys(vbuckets, topo.address)  # a later address of the list
         c = topo.config
         fallback = c.servers[0]
         return {vb: (topo.owner(vb) or fallback) for vb in vbuckets}

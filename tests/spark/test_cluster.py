@@ -302,3 +302,33 @@ def test_a_single_server_is_read_as_before(tmp_path):
         assert high_seqnos(s) == highs
     finally:
         s.stop()
+
+
+def test_a_single_server_reached_through_a_bootstrap_list_is_read_at_that_address(tmp_path):
+    """The list's first address is dead; the second is a single server: planning and
+    tasks go to the address that answered (a single server's map may name an address
+    nobody can use, such as 0.0.0.0), and nothing waits on the dead one."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    # the server's map names an address where nobody listens (as 0.0.0.0 would be)
+    s = ThreadServer(tmp_path / "d", num_vbuckets=NVB, advertise=f"127.0.0.1:{dead}")
+    try:
+        _write(s, 1, 25, b"v")
+        cfg = parse_options(
+            {"host": f"127.0.0.1:{dead},127.0.0.1:{s.port}", "retryTimeout": "5"},
+            streaming=True,
+        )
+        planner = Planner(cfg)
+        try:
+            highs, logs = planner.refresh(force=True)
+            owners = planner.owners()
+        finally:
+            planner.close()
+        assert highs == {0: 0, 1: 25, 2: 0, 3: 0}
+        assert owners == dict.fromkeys(range(NVB), ("127.0.0.1", s.port))
+        rng = VbRange(1, logs[1][0][0], 0, 25, None, logs[1][0][0])
+        rows = _rows(list(read_ranges(cfg, [rng], "t", owners[1])))
+        assert len(_state(rows)) == 25
+    finally:
+        s.stop()
