@@ -9,7 +9,9 @@ Rules of this module:
   ``Answer`` events it routes to the waiting batch by opaque. A successful write answer
   (the bulk of pipelined writes) is a ``(cas, vb_uuid, seqno)`` tuple, any other answer
   a ``Frame``; ``Batch.others`` counts those, so a batch that only succeeded needs no
-  per-answer inspection.
+  per-answer inspection. A caller may give up on a batch's missing answers (``forget``:
+  the node went silent and the map moved its vbuckets); answers that come later are
+  dropped.
 - The session validates every header before its body is awaited; a frame that breaks
   the protocol fails the connection. A failed connection fails every waiting batch
   (their answers become None) and every later call; ``KvClient`` decides what may be
@@ -60,13 +62,16 @@ class Op:
 class Batch:
     """The answers to one pipelined write (``frames[i]`` answers ``ops[i]``)."""
 
-    __slots__ = ("event", "frames", "others", "remaining")
+    __slots__ = ("abandoned", "event", "frames", "opaques", "others", "remaining")
 
     def __init__(self, n: int) -> None:
         self.frames: list[Answer] = [None] * n
         self.remaining = n
         self.others = 0  # answers that are not a successful write's tuple
         self.event = trio.Event()
+        self.opaques: list[int] = []
+        #: why the caller stopped waiting for the answers still missing (``forget``)
+        self.abandoned: BaseException | None = None
 
 
 class KvConnection:
@@ -128,20 +133,33 @@ class KvConnection:
 
     async def roundtrip_batch(self, ops: list[Op]) -> Batch:
         """``roundtrip``, returning the whole ``Batch`` (its answers and their counts)."""
+        batch = await self.send_batch(ops)
+        await batch.event.wait()
+        return batch
+
+    async def send_batch(self, ops: list[Op]) -> Batch:
+        """Send ``ops`` in one write; their ``Batch`` is complete when its event is set."""
         if self.error is not None:
             raise self.error
         batch = Batch(len(ops))
-        opaques, buf = self.proto.pipeline([op.frame for op in ops])
+        batch.opaques, buf = self.proto.pipeline([op.frame for op in ops])
         waiting = self.waiting
-        for i, o in enumerate(opaques):
+        for i, o in enumerate(batch.opaques):
             waiting[o] = (batch, i)
         try:
             async with self.lock:
                 await self.stream.send_all(buf)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self.fail(ConnectionLostError(f"send failed: {exc!r}"))
-        await batch.event.wait()
         return batch
+
+    def forget(self, batch: Batch, why: BaseException) -> None:
+        """Stop waiting for ``batch``'s missing answers (late ones are dropped); they stay
+        None, and ``batch.abandoned`` says why."""
+        for o in batch.opaques:
+            self.waiting.pop(o, None)
+        batch.abandoned = why
+        batch.event.set()
 
     async def authenticate(self, credentials: Credentials) -> None:
         """The SASL exchange as ``credentials`` (``security.authenticate``)."""

@@ -14,6 +14,11 @@ Rules of this module:
   and plain SET are re-sent (same key, same value: safe to repeat); ADD/REPLACE/DELETE
   and CAS writes fail with ``ConnectionLostError`` because whether they were applied is
   unknown. Other statuses are answers, handed back for the caller to raise.
+- A node that keeps a batch unanswered for ``PATIENCE`` (a frozen process sends no
+  NOT_MY_VBUCKET) makes the client refresh its map: if the batch is all GET/plain SET
+  and the map has moved any of its vbuckets elsewhere, the batch is given up
+  (``KvConnection.forget``) and re-sent by the new map; otherwise the client waits on,
+  as it would for a slow node.
 - Between attempts the client backs off (10 ms doubling to 0.5 s) unless a newer map
   came in, which is a reason to go again at once; a map only counts as newer when its
   rev is higher, so this cannot loop. What is still pending at the deadline gets a
@@ -29,7 +34,7 @@ from typing import cast
 
 import trio
 
-from dcp.protocol.cluster_config import Address
+from dcp.protocol.cluster_config import Address, format_address
 from dcp.protocol.errors import for_status
 from dcp.protocol.frames import Frame
 from dcp.protocol.opcodes import HelloFeature, Status
@@ -50,6 +55,9 @@ _Outcome = tuple[KvConnection, Batch] | tuple[None, BaseException]
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 _NMVB = int(Status.NOT_MY_VBUCKET)
 _TRANSIENT = (OSError, trio.TooSlowError, ConnectionLostError)
+#: How long a node may keep a batch unanswered before the client checks whether the map
+#: still puts those vbuckets there (a frozen node sends no NOT_MY_VBUCKET).
+PATIENCE = 1.0
 
 
 async def _ask(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) -> _Outcome:
@@ -57,9 +65,34 @@ async def _ask(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) ->
     try:
         with trio.fail_after(max(0.001, deadline - trio.current_time())):
             conn = await nodes.connection(addr)
-            return conn, await conn.roundtrip_batch(ops)
+            batch = await conn.send_batch(ops)
+            while True:
+                with trio.move_on_after(PATIENCE):
+                    await batch.event.wait()
+                    return conn, batch
+                if await _moved_away(nodes, addr, ops, deadline):
+                    conn.forget(batch, _silent(addr))
+                    return conn, batch
     except _TRANSIENT as exc:
         return None, exc
+
+
+async def _moved_away(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) -> bool:
+    """``addr`` has not answered for ``PATIENCE``: True when the requests may be sent
+    elsewhere, because all are safe to repeat and the map (refreshed) no longer puts
+    every one of them on ``addr``."""
+    if not all(op.safe_to_repeat for op in ops):
+        return False  # an ADD or a CAS write may have been applied: wait for its answer
+    await nodes.refresh(deadline)
+    node_of = nodes.router.node_of
+    return any(node_of(op.vbucket) != addr for op in ops)
+
+
+def _silent(addr: Address) -> TransientError:
+    return TransientError(
+        f"{format_address(addr)} did not answer for {PATIENCE:g} s and the map moved the "
+        "vbucket elsewhere"
+    )
 
 
 async def _ask_all(
@@ -152,7 +185,7 @@ async def execute(
                 if isinstance(f, tuple):  # a successful write (kv_connection.py)
                     results[i] = f
                 elif f is None:
-                    err = conn.error or ConnectionLostError("connection lost")
+                    err = answer.abandoned or conn.error or ConnectionLostError("connection lost")
                     refresh = True
                     if ops[i].safe_to_repeat:
                         last = err

@@ -39,14 +39,14 @@ def roundtrips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every pipelined roundtrip of SETs (one ``send_all`` each) the client
     makes (HELLO and config requests left out)."""
     sizes: list[int] = []
-    real = KvConnection.roundtrip_batch
+    real = KvConnection.send_batch
 
     async def counted(self: KvConnection, ops: list) -> object:
         if ops[0].opcode == Opcode.SET:
             sizes.append(len(ops))
         return await real(self, ops)
 
-    monkeypatch.setattr(KvConnection, "roundtrip_batch", counted)
+    monkeypatch.setattr(KvConnection, "send_batch", counted)
     return sizes
 
 

@@ -186,3 +186,33 @@ async def test_the_map_is_polled_in_cluster_mode(nursery: trio.Nursery) -> None:
         before = single.count(Opcode.GET_CLUSTER_CONFIG)
         await trio.sleep(3)
         assert single.count(Opcode.GET_CLUSTER_CONFIG) == before  # a single server: never
+
+
+async def test_safe_requests_left_on_a_silent_node_follow_the_map_within_their_deadline(
+    nursery: trio.Nursery,
+) -> None:
+    """A GET or a plain SET unanswered for a second by a node the map no longer names is
+    re-sent to the new active; an ADD (it may have been applied) is not."""
+    nodes = await fake_cluster(nursery, 2)
+    serve_map(nodes, 1, SPLIT)
+    n1, n2 = nodes
+    async with KvClient(f"{HOST}:{n1.port}", timeout=5) as kv:
+        await kv.set(key_in(1), b"v1")
+        n2.silent = True
+        serve_map(nodes, 2, [0] * NVB)  # the failover: nobody tells the client
+        t0 = trio.current_time()
+        assert (await kv.get(key_in(1))).value == b"v1"
+        await kv.set(key_in(3), b"s")
+        assert trio.current_time() - t0 < 4
+    assert n2.keys(Opcode.GET) == [key_in(1)] and n1.keys(Opcode.GET) == [key_in(1)]
+    assert n1.keys(Opcode.SET) == [key_in(3)]  # went by the new map at once
+
+    serve_map(nodes, 3, SPLIT)
+    n2.silent = False
+    async with KvClient(f"{HOST}:{n1.port}", timeout=2.5) as kv:
+        await kv.set(key_in(7), b"x")  # the connection to n2 is open
+        n2.silent = True
+        serve_map(nodes, 4, [0] * NVB)
+        with pytest.raises(RetryTimeoutError):
+            await kv.add(key_in(5), b"a")
+    assert n2.keys(Opcode.ADD) == [key_in(5)] and n1.keys(Opcode.ADD) == []
