@@ -18,7 +18,8 @@ Rules of this module:
   NOT_MY_VBUCKET) makes the client refresh its map: if the batch is all GET/plain SET
   and the map has moved any of its vbuckets elsewhere, the batch is given up
   (``KvConnection.forget``) and re-sent by the new map; otherwise the client waits on,
-  as it would for a slow node.
+  as it would for a slow node. A connection (or its HELLO) that hangs as long is
+  checked the same way, and since nothing was sent yet any request may then move.
 - Between attempts the client backs off (10 ms doubling to 0.5 s) unless a newer map
   came in, which is a reason to go again at once; a map only counts as newer when its
   rev is higher, so this cannot loop. What is still pending at the deadline gets a
@@ -64,7 +65,13 @@ async def _ask(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) ->
     """One roundtrip of ``ops`` to ``addr``; a transient failure is returned, not raised."""
     try:
         with trio.fail_after(max(0.001, deadline - trio.current_time())):
-            conn = await nodes.connection(addr)
+            while True:
+                with trio.move_on_after(PATIENCE):
+                    conn = await nodes.connection(addr)
+                    break
+                # connecting (or its HELLO) hangs; nothing was sent, so anything may go
+                if await _moved_away(nodes, addr, ops, deadline, sent=False):
+                    return None, _silent(addr)
             batch = await conn.send_batch(ops)
             while True:
                 with trio.move_on_after(PATIENCE):
@@ -77,11 +84,13 @@ async def _ask(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) ->
         return None, exc
 
 
-async def _moved_away(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) -> bool:
+async def _moved_away(
+    nodes: KvNodes, addr: Address, ops: list[Op], deadline: float, *, sent: bool = True
+) -> bool:
     """``addr`` has not answered for ``PATIENCE``: True when the requests may be sent
-    elsewhere, because all are safe to repeat and the map (refreshed) no longer puts
-    every one of them on ``addr``."""
-    if not all(op.safe_to_repeat for op in ops):
+    elsewhere, because they were not sent or all are safe to repeat, and the map
+    (refreshed) no longer puts every one of them on ``addr``."""
+    if sent and not all(op.safe_to_repeat for op in ops):
         return False  # an ADD or a CAS write may have been applied: wait for its answer
     await nodes.refresh(deadline)
     node_of = nodes.router.node_of

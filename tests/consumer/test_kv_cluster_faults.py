@@ -216,3 +216,20 @@ async def test_safe_requests_left_on_a_silent_node_follow_the_map_within_their_d
         with pytest.raises(RetryTimeoutError):
             await kv.add(key_in(5), b"a")
     assert n2.keys(Opcode.ADD) == [key_in(5)] and n1.keys(Opcode.ADD) == []
+
+
+async def test_a_node_that_hangs_while_connecting_is_left_for_the_new_map(
+    nursery: trio.Nursery,
+) -> None:
+    """Nothing was sent to a node whose HELLO hangs: even an ADD may go by the new map."""
+    nodes = await fake_cluster(nursery, 2)
+    serve_map(nodes, 1, SPLIT)
+    n1, n2 = nodes
+    n2.silent = True  # before the client ever connects to it
+    async with KvClient(f"{HOST}:{n1.port}", timeout=5) as kv:
+        serve_map(nodes, 2, [0] * NVB)
+        t0 = trio.current_time()
+        await kv.add(key_in(1), b"a")
+        assert trio.current_time() - t0 < 4
+    assert n2.count(Opcode.HELLO) >= 1 and n2.keys(Opcode.ADD) == []
+    assert n1.keys(Opcode.ADD) == [key_in(1)]
