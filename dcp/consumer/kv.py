@@ -153,6 +153,7 @@ class KvClient:
             await self.aclose()
             raise
         self._nursery.start_soon(self._nodes.poll)
+        self._nursery.start_soon(self._nodes.watch)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

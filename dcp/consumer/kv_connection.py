@@ -62,9 +62,12 @@ class Op:
 class Batch:
     """The answers to one pipelined write (``frames[i]`` answers ``ops[i]``)."""
 
-    __slots__ = ("abandoned", "event", "frames", "opaques", "others", "remaining")
+    __slots__ = ("abandoned", "event", "frames", "opaques", "ops", "others", "remaining", "sent_at")
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, ops: list[Op]) -> None:
+        n = len(ops)
+        self.ops = ops
+        self.sent_at = trio.current_time()
         self.frames: list[Answer] = [None] * n
         self.remaining = n
         self.others = 0  # answers that are not a successful write's tuple
@@ -141,7 +144,7 @@ class KvConnection:
         """Send ``ops`` in one write; their ``Batch`` is complete when its event is set."""
         if self.error is not None:
             raise self.error
-        batch = Batch(len(ops))
+        batch = Batch(ops)
         batch.opaques, buf = self.proto.pipeline([op.frame for op in ops])
         waiting = self.waiting
         for i, o in enumerate(batch.opaques):

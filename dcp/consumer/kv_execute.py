@@ -14,12 +14,11 @@ Rules of this module:
   and plain SET are re-sent (same key, same value: safe to repeat); ADD/REPLACE/DELETE
   and CAS writes fail with ``ConnectionLostError`` because whether they were applied is
   unknown. Other statuses are answers, handed back for the caller to raise.
-- A node that keeps a batch unanswered for ``PATIENCE`` (a frozen process sends no
-  NOT_MY_VBUCKET) makes the client refresh its map: if the batch is all GET/plain SET
-  and the map has moved any of its vbuckets elsewhere, the batch is given up
-  (``KvConnection.forget``) and re-sent by the new map; otherwise the client waits on,
-  as it would for a slow node. A connection (or its HELLO) that hangs as long is
-  checked the same way, and since nothing was sent yet any request may then move.
+- A batch a silent node may have given up on (``KvNodes.watch``: all GET/plain SET,
+  unanswered for ``PATIENCE``, its vbuckets moved by the map) comes back with its
+  missing answers None and ``abandoned`` set: they are re-sent by the new map. A
+  connection (or its HELLO) that hangs as long is checked the same way here, and since
+  nothing was sent yet any request may then move.
 - Between attempts the client backs off (10 ms doubling to 0.5 s) unless a newer map
   came in, which is a reason to go again at once; a map only counts as newer when its
   rev is higher, so this cannot loop. What is still pending at the deadline gets a
@@ -35,14 +34,14 @@ from typing import cast
 
 import trio
 
-from dcp.protocol.cluster_config import Address, format_address
+from dcp.protocol.cluster_config import Address
 from dcp.protocol.errors import for_status
 from dcp.protocol.frames import Frame
 from dcp.protocol.opcodes import HelloFeature, Status
 
 from .errors import ConnectionLostError, RetryTimeoutError, SyncWriteAmbiguous, TransientError
 from .kv_connection import Batch, KvConnection, Op, WriteOk
-from .kv_nodes import KvNodes
+from .kv_nodes import PATIENCE, KvNodes
 from .kv_requests import durability_timeout_ms, with_durability_timeout
 
 __all__ = ["Result", "execute"]
@@ -56,52 +55,34 @@ _Outcome = tuple[KvConnection, Batch] | tuple[None, BaseException]
 _RETRIABLE = frozenset((Status.NOT_MY_VBUCKET, Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 _NMVB = int(Status.NOT_MY_VBUCKET)
 _TRANSIENT = (OSError, trio.TooSlowError, ConnectionLostError)
-#: How long a node may keep a batch unanswered before the client checks whether the map
-#: still puts those vbuckets there (a frozen node sends no NOT_MY_VBUCKET).
-PATIENCE = 1.0
 
 
 async def _ask(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) -> _Outcome:
-    """One roundtrip of ``ops`` to ``addr``; a transient failure is returned, not raised."""
+    """One roundtrip of ``ops`` to ``addr``; a transient failure is returned, not raised.
+    Only one cancel scope on the way when the connection is open: the hot path."""
     try:
         with trio.fail_after(max(0.001, deadline - trio.current_time())):
-            while True:
-                with trio.move_on_after(PATIENCE):
-                    conn = await nodes.connection(addr)
-                    break
-                # connecting (or its HELLO) hangs; nothing was sent, so anything may go
-                if await _moved_away(nodes, addr, ops, deadline, sent=False):
-                    return None, _silent(addr)
-            batch = await conn.send_batch(ops)
-            while True:
-                with trio.move_on_after(PATIENCE):
-                    await batch.event.wait()
-                    return conn, batch
-                if await _moved_away(nodes, addr, ops, deadline):
-                    conn.forget(batch, _silent(addr))
-                    return conn, batch
+            conn = nodes.ready(addr)
+            if conn is None:
+                conn = await _connect(nodes, addr, ops, deadline)
+                if conn is None:
+                    return None, nodes.silent(addr)
+            return conn, await conn.roundtrip_batch(ops)
     except _TRANSIENT as exc:
         return None, exc
 
 
-async def _moved_away(
-    nodes: KvNodes, addr: Address, ops: list[Op], deadline: float, *, sent: bool = True
-) -> bool:
-    """``addr`` has not answered for ``PATIENCE``: True when the requests may be sent
-    elsewhere, because they were not sent or all are safe to repeat, and the map
-    (refreshed) no longer puts every one of them on ``addr``."""
-    if sent and not all(op.safe_to_repeat for op in ops):
-        return False  # an ADD or a CAS write may have been applied: wait for its answer
-    await nodes.refresh(deadline)
-    node_of = nodes.router.node_of
-    return any(node_of(op.vbucket) != addr for op in ops)
-
-
-def _silent(addr: Address) -> TransientError:
-    return TransientError(
-        f"{format_address(addr)} did not answer for {PATIENCE:g} s and the map moved the "
-        "vbucket elsewhere"
-    )
+async def _connect(
+    nodes: KvNodes, addr: Address, ops: list[Op], deadline: float
+) -> KvConnection | None:
+    """``addr``'s connection, or None when opening it (or its HELLO) hangs for
+    ``PATIENCE`` and the refreshed map moved a vbucket of ``ops`` elsewhere: nothing
+    was sent, so every request may go by the new map."""
+    while True:
+        with trio.move_on_after(PATIENCE):
+            return await nodes.connection(addr)
+        if await nodes.moved_away(addr, ops, deadline):
+            return None
 
 
 async def _ask_all(

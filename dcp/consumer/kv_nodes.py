@@ -23,7 +23,10 @@ Rules of this module:
   NOT_MY_VBUCKET forever costs one small request per interval, never a busy loop.
 - A node that stops answering says nothing: in cluster mode the map is also polled every
   ``POLL_INTERVAL`` and refreshed at once when an operation timed out on a silent node,
-  so later operations follow a failover. A single server is never polled.
+  so later operations follow a failover; and ``watch`` gives up the GET/plain SET
+  batches a node has left unanswered for ``PATIENCE`` once the map moved their
+  vbuckets, so those are re-sent within their deadline. A single server is never
+  polled or watched.
 """
 
 from __future__ import annotations
@@ -45,12 +48,13 @@ from .errors import (
     ConnectionLostError,
     NoNodeAnsweredError,
     RetryTimeoutError,
+    TransientError,
 )
 from .kv_connection import KvConnection, Op
 from .kv_router import KvRouter
 from .security import Security, check_plain
 
-__all__ = ["KV_FEATURES", "REFRESH_INTERVAL", "KvNodes"]
+__all__ = ["KV_FEATURES", "PATIENCE", "REFRESH_INTERVAL", "KvNodes"]
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +68,18 @@ KV_FEATURES = [
 ]
 #: The shortest time between two config fetches (module rules).
 REFRESH_INTERVAL = 0.1
+#: How long a node may keep a batch unanswered (or a connection unopened) before the
+#: client checks whether the map still puts those vbuckets there (``watch``).
+PATIENCE = 1.0
 #: How often a client in cluster mode asks for the map without a reason (``poll``).
 POLL_INTERVAL = 2.5
 #: The longest one node may take to answer a refresh before the next one is asked.
 ASK_TIMEOUT = 1.0
 #: Statuses that mean "ask again later", not "this server has no config to give".
 _LATER = frozenset((Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
+#: What ``watch`` may give up on a silent node and re-send elsewhere (a plain SET is the
+#: same key and value again; HELLO and config requests belong to their connection).
+_REROUTABLE = frozenset((Opcode.GET, Opcode.SET))
 
 
 class KvNodes:
@@ -97,6 +107,11 @@ class KvNodes:
         self._last_fetch = -1e9
 
     # ------------------------------------------------------------------ connections
+
+    def ready(self, addr: Address) -> KvConnection | None:
+        """``addr``'s connection if it is open (no waiting: the hot path)."""
+        conn = self._conns.get(addr)
+        return conn if conn is not None and conn.error is None else None
 
     async def connection(self, addr: Address) -> KvConnection:
         """The open connection to ``addr``, opening it (once for concurrent callers)."""
@@ -245,6 +260,46 @@ class KvNodes:
                     await self.refresh(trio.current_time() + self.timeout)
                 except ClientClosedError:
                     return
+
+    async def watch(self) -> None:
+        """In cluster mode, every ``PATIENCE`` / 2: a batch left unanswered for
+        ``PATIENCE`` (a frozen node sends no NOT_MY_VBUCKET) makes the client refresh the
+        map, and the batches of GET/plain SET whose vbuckets moved are given up
+        (``KvConnection.forget``) so that ``kv_execute`` re-sends them by the new map
+        within their deadline. A batch with an ADD or a CAS write is waited for: it may
+        have been applied. One task per client; the hot path pays nothing for it."""
+        while not self.closed:
+            await trio.sleep(PATIENCE / 2)
+            if self.router.single is not None:
+                continue
+            now = trio.current_time()
+            for addr, conn in list(self._conns.items()):
+                late = {
+                    id(b): b for b, _ in list(conn.waiting.values()) if now - b.sent_at >= PATIENCE
+                }
+                for batch in late.values():
+                    if (
+                        not batch.event.is_set()
+                        and all(op.safe_to_repeat and op.opcode in _REROUTABLE for op in batch.ops)
+                        and await self.moved_away(addr, batch.ops, now + self.timeout)
+                    ):
+                        conn.forget(batch, self.silent(addr))
+
+    async def moved_away(self, addr: Address, ops: list[Op], deadline: float) -> bool:
+        """True when ``addr`` may be left: the refreshed map no longer puts every one of
+        ``ops`` on it. The caller has checked that the requests may be re-sent."""
+        try:
+            await self.refresh(deadline)
+        except ClientClosedError:
+            return False
+        node_of = self.router.node_of
+        return any(node_of(op.vbucket) != addr for op in ops)
+
+    def silent(self, addr: Address) -> TransientError:
+        return TransientError(
+            f"{format_address(addr)} did not answer for {PATIENCE:g} s and the map moved "
+            "the vbucket elsewhere"
+        )
 
     def refresh_soon(self) -> None:
         """Start a refresh without waiting for it (an operation timed out on a node that
