@@ -191,7 +191,7 @@ class KvNodes:
         if f.status != Status.SUCCESS:  # UNKNOWN_COMMAND: a server without cluster maps
             return self.router.made_up(addr)
         try:
-            return ClusterConfig.from_json(bytes(f.value))
+            return ClusterConfig.from_json(bytes(f.value)).seen_from(addr)
         except ConfigError as exc:
             log.warning(
                 "ignoring a malformed cluster config from %s: %s", format_address(addr), exc

@@ -6,7 +6,9 @@ Rules of this module:
 - Cluster or single node (``is_cluster``): one bootstrap address whose config names one
   server and is not a cluster's map (rev 1, what a lone node answers) is a single node,
   streamed over the connection the client opened, exactly as before clusters existed.
-  Anything else routes by the config: the address of a node is its ``serverList`` entry.
+  Anything else routes by the config: the address of a node is its ``serverList`` entry
+  (a lone server's config reached through a list is first re-addressed to the node that
+  answered, ``ClusterConfig.seen_from``: it may advertise 0.0.0.0).
 - A vbucket streams from its active (``pick``); with ``prefer_replica`` from a replica
   whose high seqno is within ``max_lag`` of the active's (the most current one; the one
   already streaming wins a tie, so a refresh moves nothing that is still good). Positions

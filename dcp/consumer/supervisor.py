@@ -323,7 +323,7 @@ async def _config_of(conn: DcpConnection, addr: Address) -> ClusterConfig:
         config = newer_config(None, data)
         if config is None:
             raise ConfigError(f"{format_address(addr)} sent a malformed cluster config")
-        return config
+        return config.seen_from(addr)
     vbs = [vb for vb, _ in await conn.get_all_vb_seqnos()]
     n = 1
     while n <= max(vbs, default=0):

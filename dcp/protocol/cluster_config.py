@@ -203,6 +203,24 @@ class ClusterConfig:
         """A one-node map (rev 0): what a client assumes before it has asked."""
         return cls(0, (addr,), tuple((0,) for _ in range(num_vbuckets)))
 
+    def is_lone(self) -> bool:
+        """A server outside any cluster: one server, rev 1 or less (a cluster's map has its
+        etcd revision, always higher)."""
+        return len(self.servers) == 1 and self.rev <= 1
+
+    def seen_from(self, addr: Address) -> ClusterConfig:
+        """This config as routed by a client that reached its sender at ``addr``.
+
+        A lone server names itself by its configured ``HOST:PORT``, which may be 0.0.0.0
+        or a name the client cannot resolve, so every client routes a lone server's
+        vbuckets to the address that answered; a cluster's map is used as given (its
+        nodes advertise addresses meant for clients)."""
+        if not self.is_lone() or self.servers[0] == addr:
+            return self
+        return ClusterConfig(
+            self.rev, (addr,), self.chains, self.forward, self.num_replicas, addr, self.names
+        )
+
     # ------------------------------------------------------------------ queries
 
     def newer_than(self, other: ClusterConfig | None) -> bool:

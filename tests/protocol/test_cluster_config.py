@@ -126,3 +126,24 @@ def test_bootstrap_lists() -> None:
     for bad in ("", "h:0", "h:x", "h", [("h", 70000)], [3]):
         with pytest.raises(ConfigError):
             parse_addresses(bad)
+
+
+def test_a_lone_server_is_routed_at_the_address_that_answered() -> None:
+    lone = ClusterConfig.from_json(
+        _config(
+            rev=1,
+            vBucketServerMap={"serverList": ["0.0.0.0:11210"], "vBucketMap": [[0]] * 4},
+            nodesExt=[{"hostname": "0.0.0.0", "nodeName": "0.0.0.0:11210", "thisNode": True}],
+        )
+    )
+    reached = ("127.0.0.1", 11210)
+    seen = lone.seen_from(reached)
+    assert seen.servers == (reached,) and seen.active(3) == reached
+    assert seen.this_node == reached and seen.chains == lone.chains
+    # a cluster's map (rev from etcd), even of one node, is routed as the node advertises
+    one_node_cluster = ClusterConfig.from_json(
+        _config(rev=42, vBucketServerMap={"serverList": ["n1:11210"], "vBucketMap": [[0]] * 4})
+    )
+    assert one_node_cluster.seen_from(reached) is one_node_cluster
+    two = ClusterConfig.from_json(_config(rev=1))
+    assert two.seen_from(reached) is two
