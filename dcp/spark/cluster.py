@@ -200,10 +200,11 @@ class Topology:
                 f"not a cluster node (it does not answer GET_CLUSTER_CONFIG): give one "
                 f"address to read a single server"
             )
-        self.config = config
-        # One server in the map: routed to the address that answered, never to its
-        # serverList text (a single server may advertise 0.0.0.0).
-        self.cluster = config is not None and len(config.servers) > 1
+        # A lone server (one server, rev 1: no cluster) is read at the address that
+        # answered, never at its serverList text (it may advertise 0.0.0.0); a cluster's
+        # map, even of one node, is followed: nodes may join it during the query.
+        self.config = config.seen_from(addr) if config is not None else None
+        self.cluster = config is not None and not config.is_lone()
         self.address = addr
         self.loaded = True
 

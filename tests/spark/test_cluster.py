@@ -332,3 +332,18 @@ def test_a_single_server_reached_through_a_bootstrap_list_is_read_at_that_addres
         assert len(_state(rows)) == 25
     finally:
         s.stop()
+
+
+def test_a_one_node_cluster_is_followed_when_a_node_joins(pair):
+    # a cluster's map (rev from etcd) that names one node is still a cluster: a query
+    # started on it must follow the map when a second node takes vbuckets over
+    pair.config.config = bucket_config(10, [pair.a.port], [0] * NVB)
+    now = [100.0]
+    topo = Topology(pair.cfg(), clock=lambda: now[0])
+    topo.refresh()
+    assert topo.cluster and topo.owner(2) == pair.addr(pair.a)
+    pair.config.config = bucket_config(11, pair.ports, [0, 0, 1, 0])  # vb 2 moved to b
+    now[0] += 1.0
+    assert topo.refresh()
+    assert topo.config is not None and topo.config.rev == 11
+    assert topo.owner(2) == pair.addr(pair.b)
