@@ -43,3 +43,29 @@ async def test_both_clients_use_the_answering_address_of_a_lone_server(tmp_path)
                 nodes = client.statistics()["nodes"]
     assert seen == {f"k{i}".encode() for i in range(40)}
     assert list(nodes) == [f"127.0.0.1:{server.port}"]
+
+
+async def test_the_blocking_facades_take_a_bootstrap_list(tmp_path) -> None:
+    from dcp.consumer import BlockingDcpClient, BlockingKvClient
+
+    async def serve_and_use() -> set[bytes]:
+        cfg = server_mod.ServerConfig(
+            host="127.0.0.1", port=0, data_dir=str(tmp_path / "d"), num_vbuckets=16
+        )
+        async with server_mod.DcpServer(cfg) as server:
+            hosts = [("127.0.0.1", _free_port()), ("127.0.0.1", server.port)]
+
+            def use() -> set[bytes]:
+                with BlockingKvClient(hosts, timeout=10) as kv:
+                    kv.set_many({f"b{i}": b"x" for i in range(20)})
+                    assert kv.get("b3").value == b"x"
+                seen: set[bytes] = set()
+                with BlockingDcpClient(hosts, to_latest=True, retry_timeout=10) as client:
+                    for batch in client:
+                        seen.update(bytes(e.key) for e in batch)
+                return seen
+
+            with trio.fail_after(60):
+                return await trio.to_thread.run_sync(use)
+
+    assert await serve_and_use() == {f"b{i}".encode() for i in range(20)}
