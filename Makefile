@@ -64,7 +64,7 @@ lint: $(STAMP)
 test: $(STAMP) tshark etcd
 	$(BIN)/ruff check dcp tests tools
 	$(BIN)/ruff format --check dcp tests tools pyspark_dcp
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # The layers with no network and no subprocess: the quick loop while editing the codec or the
 # engine (about 30 s). Serial: on a 2-core machine `-n 2` (pytest-xdist) was slower (33 s
