@@ -17,8 +17,9 @@ Rules of this module:
 - A batch a silent node may have given up on (``KvNodes.watch``: all GET/plain SET,
   unanswered for ``PATIENCE``, its vbuckets moved by the map) comes back with its
   missing answers None and ``abandoned`` set: they are re-sent by the new map. A
-  connection (or its HELLO) that hangs as long is checked the same way here, and since
-  nothing was sent yet any request may then move.
+  connection (or its HELLO) not open after as long is checked the same way here (in
+  cluster mode only), and since nothing was sent yet any request may then move; the
+  connect itself is never cut short for being slow (``KvNodes.connection``).
 - Between attempts the client backs off (10 ms doubling to 0.5 s) unless a newer map
   came in, which is a reason to go again at once; a map only counts as newer when its
   rev is higher, so this cannot loop. What is still pending at the deadline gets a
@@ -75,9 +76,13 @@ async def _ask(nodes: KvNodes, addr: Address, ops: list[Op], deadline: float) ->
 async def _connect(
     nodes: KvNodes, addr: Address, ops: list[Op], deadline: float
 ) -> KvConnection | None:
-    """``addr``'s connection, or None when opening it (or its HELLO) hangs for
-    ``PATIENCE`` and the refreshed map moved a vbucket of ``ops`` elsewhere: nothing
-    was sent, so every request may go by the new map."""
+    """``addr``'s connection, however long opening it takes; or, in cluster mode, None
+    when it is not open after ``PATIENCE`` and the refreshed map moved a vbucket of
+    ``ops`` elsewhere: nothing was sent, so every request may go by the new map. Only the
+    waiting stops: the attempt runs on as a task of the client (``KvNodes.connection``),
+    and a single server's map cannot move, so it is never looked at there."""
+    if nodes.router.single is not None:
+        return await nodes.connection(addr)
     while True:
         with trio.move_on_after(PATIENCE):
             return await nodes.connection(addr)

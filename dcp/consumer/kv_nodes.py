@@ -3,8 +3,11 @@ cluster map kept current.
 
 Rules of this module:
 - A node's connection is opened when first needed (TCP, TLS naming that node's host,
-  HELLO, SASL: the same for every node) and reopened after it failed; a lock per node
-  makes concurrent callers share one attempt. ``connector`` (the caller's replacement
+  HELLO, SASL: the same for every node) and reopened after it failed. Opening it is a
+  task of the client, shared by every caller that needs that node, and bounded by the
+  client's ``timeout`` only: a caller that gives up waiting leaves it running, so a node
+  slow to let a connection in (loaded, or TLS with SCRAM) is never cut off and retried
+  from scratch over and over. ``connector`` (the caller's replacement
   for the TCP connect) pins the client to the one server it reaches: no map is asked
   for or followed (a connector cannot reach other nodes), exactly the client of one
   server that ``KvClient`` was before clusters.
@@ -82,6 +85,15 @@ _LATER = frozenset((Status.ETMPFAIL, Status.EBUSY, Status.ENOMEM))
 _REROUTABLE = frozenset((Opcode.GET, Opcode.SET))
 
 
+@dataclasses.dataclass(eq=False)
+class _Attempt:
+    """One opening of a node's connection, shared by every caller that needs it."""
+
+    done: trio.Event = dataclasses.field(default_factory=trio.Event)
+    conn: KvConnection | None = None
+    error: Exception | None = None
+
+
 class KvNodes:
     """The client's node connections and its router (see the module rules)."""
 
@@ -100,7 +112,7 @@ class KvNodes:
         self._security = security
         self._agent = agent
         self._conns: dict[Address, KvConnection] = {}
-        self._locks: dict[Address, trio.Lock] = {}
+        self._opening: dict[Address, _Attempt] = {}
         self.nursery: trio.Nursery | None = None  # set by the client while it runs
         self.closed = False
         self._fetching: trio.Event | None = None
@@ -114,20 +126,37 @@ class KvNodes:
         return conn if conn is not None and conn.error is None else None
 
     async def connection(self, addr: Address) -> KvConnection:
-        """The open connection to ``addr``, opening it (once for concurrent callers)."""
+        """The open connection to ``addr``, opening it (one attempt for concurrent
+        callers). The attempt runs as a task of the client, not of the caller: a caller
+        that stops waiting (its deadline, or ``kv_execute`` looking at the map) leaves it
+        running, so a node slow to let a connection in is still reached (module rules)."""
         conn = self._conns.get(addr)
         if conn is not None and conn.error is None:
             return conn
         if self.closed or self.nursery is None:
             raise ClientClosedError("use the client inside `async with`, before it is closed")
-        lock = self._locks.setdefault(addr, trio.Lock())
-        async with lock:
-            conn = self._conns.get(addr)
-            if conn is not None and conn.error is None:
-                return conn
-            conn = await self._open(addr)
-            self._conns[addr] = conn
-            return conn
+        attempt = self._opening.get(addr)
+        if attempt is None:
+            attempt = self._opening[addr] = _Attempt()
+            self.nursery.start_soon(self._attempt, addr, attempt)
+        await attempt.done.wait()
+        if attempt.conn is None:
+            raise attempt.error or ConnectionLostError(f"connecting to {format_address(addr)}")
+        return attempt.conn
+
+    async def _attempt(self, addr: Address, attempt: _Attempt) -> None:
+        """Open ``addr``'s connection for every caller waiting on ``attempt``; bounded by
+        the client's ``timeout`` (no operation could wait longer for it)."""
+        try:
+            with trio.fail_after(self.timeout):
+                conn = await self._open(addr)
+            self._conns[addr] = attempt.conn = conn
+        except Exception as exc:  # the waiters raise it, the client's nursery must not
+            attempt.error = exc
+        finally:
+            if self._opening.get(addr) is attempt:
+                del self._opening[addr]
+            attempt.done.set()
 
     async def _open(self, addr: Address) -> KvConnection:
         host, port = addr

@@ -6,11 +6,12 @@ Rules of this module:
   binary protocol with bytes (``codec``): HELLO, GET_CLUSTER_CONFIG, SET/ADD/REPLACE/
   DELETE/GET. What it owns (``owned``), answers (``config``, ``nmvb_body``) and does
   wrong (``drop_on``: close the connection on that opcode without answering; ``silent``:
-  answer nothing, as a frozen process) is plain
-  attributes the test changes while the client runs.
+  answer nothing, as a frozen process; ``hello_delay``: a loaded node slow to answer a
+  HELLO) is plain attributes the test changes while the client runs.
 - Nodes of one fake cluster share one ``docs`` dict, as replicas would hold the data.
 - Everything a node receives is recorded (``received``: opcode, vbucket, key), so tests
-  assert where the client sent what. ``stop`` closes the listener and every connection:
+  assert where the client sent what, and ``connections`` counts the connections it
+  accepted. ``stop`` closes the listener and every connection:
   a lost node.
 """
 
@@ -63,6 +64,8 @@ class FakeNode:
         self.nmvb_body: bytes | None = None  # None: the config
         self.drop_on: int | None = None
         self.silent = False  # receives but never answers (a frozen process)
+        self.hello_delay = 0.0  # seconds before a HELLO is answered (a loaded node)
+        self.connections = 0
         self.received: list[tuple[int, int, bytes]] = []
         self._listeners: list[trio.SocketListener] = []
         self._streams: list[trio.SocketStream] = []
@@ -91,6 +94,7 @@ class FakeNode:
 
     async def _conn(self, stream: trio.SocketStream) -> None:
         self._streams.append(stream)
+        self.connections += 1
         reader = FrameReader()
         try:
             while True:
@@ -104,6 +108,8 @@ class FakeNode:
                     if f.opcode == self.drop_on:
                         await stream.aclose()
                         return
+                    if f.opcode == Opcode.HELLO and self.hello_delay:
+                        await trio.sleep(self.hello_delay)
                     if not self.silent:
                         out += self._answer(f)
                 if out:

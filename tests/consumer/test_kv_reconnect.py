@@ -1,0 +1,58 @@
+"""KvClient reopening connections: a slow connect or HELLO is waited for, never given up
+and started over.
+
+Rules of this module: fake nodes on loopback (``kv_cluster_fake.py``) with a delay on
+their HELLO answer (a loaded node, or TLS with SCRAM, may take more than the client's
+``PATIENCE`` to let a connection in); real time with generous upper bounds.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from dcp.consumer import KvClient
+from dcp.consumer.kv_nodes import PATIENCE
+from dcp.protocol.opcodes import Opcode
+
+from .kv_cluster_fake import HOST, FakeNode, fake_cluster, serve_map
+from .test_kv_cluster import SPLIT, key_in
+
+SLOW = PATIENCE + 0.3  # longer than the client waits before it looks at the map
+
+
+async def _drop_connections(node: FakeNode) -> None:
+    for s in node._streams:
+        await trio.aclose_forcefully(s)
+
+
+async def test_a_single_server_slow_to_answer_hello_is_reconnected(
+    nursery: trio.Nursery,
+) -> None:
+    node = FakeNode("n1", {})  # no GET_CLUSTER_CONFIG: a single server
+    node.owned = set(range(1024))
+    await node.start(nursery)
+    async with KvClient(HOST, node.port, timeout=6) as kv:
+        await kv.set(b"k", b"v")
+        node.hello_delay = SLOW  # loaded now: a new connection's HELLO takes longer
+        await _drop_connections(node)
+        t0 = trio.current_time()
+        assert (await kv.get(b"k")).value == b"v"
+        assert trio.current_time() - t0 < 5
+    # one connection at first and one reconnect: an attempt is never dropped and redone
+    assert node.connections == 2 and node.count(Opcode.HELLO) == 2
+
+
+async def test_a_cluster_node_slow_to_answer_hello_is_waited_for_while_the_map_keeps_it(
+    nursery: trio.Nursery,
+) -> None:
+    nodes = await fake_cluster(nursery, 2)
+    serve_map(nodes, 1, SPLIT)
+    n1, n2 = nodes
+    n2.hello_delay = SLOW  # before the client ever connects to it
+    async with KvClient(f"{HOST}:{n1.port}", timeout=6) as kv:
+        t0 = trio.current_time()
+        await kv.add(key_in(1), b"a")  # vb 1 is n2's, and the map says so throughout
+        assert trio.current_time() - t0 < 5
+        assert kv.config is not None and kv.config.rev == 1
+    assert n2.connections == 1 and n2.keys(Opcode.ADD) == [key_in(1)]
+    assert n1.keys(Opcode.ADD) == []
