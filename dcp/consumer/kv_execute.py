@@ -10,10 +10,12 @@ Rules of this module:
 - Retried until the deadline: NOT_MY_VBUCKET (the map moved: the config in its answer
   is adopted when newer, else the client refreshes its map), ETMPFAIL/EBUSY/ENOMEM,
   a vbucket without an active node (the map is polled), and a lost or unreachable node
-  (the map is refreshed). Of the requests a lost connection leaves unanswered only GET
-  and plain SET are re-sent (same key, same value: safe to repeat); ADD/REPLACE/DELETE
-  and CAS writes fail with ``ConnectionLostError`` because whether they were applied is
-  unknown. Other statuses are answers, handed back for the caller to raise.
+  (the map is refreshed). Against a single server no map is fetched: its answers are
+  retried with backoff, as they were before clusters. Of the requests a lost
+  connection leaves unanswered only GET and plain SET are re-sent (same key, same
+  value: safe to repeat); ADD/REPLACE/DELETE and CAS writes fail with
+  ``ConnectionLostError`` because whether they were applied is unknown. Other
+  statuses are answers, handed back for the caller to raise.
 - A batch a silent node may have given up on (``KvNodes.watch``: all GET/plain SET,
   unanswered for ``PATIENCE``, its vbuckets moved by the map) comes back with its
   missing answers None and ``abandoned`` set: they are re-sent by the new map. A
@@ -214,7 +216,9 @@ async def execute(
             config = router.from_answer(value)
             if config is not None and router.adopt(config):
                 newer = True
-        if (hints and not newer) or refresh:
+        if router.single is None and ((hints and not newer) or refresh):
+            # a single server's map cannot move: its NOT_MY_VBUCKET (an error context,
+            # say while it warms up) and a lost connection are only retried
             newer = await nodes.refresh(deadline) or newer
         elapsed = trio.current_time() - start
         if elapsed >= timeout:
