@@ -167,7 +167,7 @@ async def execute(
                 f" (rev {router.config.rev if router.config else '?'}); waiting for a newer map"
             )
         for idxs, (conn, answer) in asked:
-            if conn is None:
+            if not isinstance(answer, Batch):  # conn is None (_Outcome): not asked
                 if isinstance(answer, _Fatal):
                     for i in idxs:
                         results[i] = answer.error
@@ -177,7 +177,7 @@ async def execute(
                 retry += idxs
                 refresh = True
                 continue
-            assert isinstance(answer, Batch)
+            assert conn is not None  # a Batch comes with its connection (_Outcome)
             for i, f in zip(idxs, answer.frames, strict=True):
                 if isinstance(f, tuple):  # a successful write (kv_connection.py)
                     results[i] = f
