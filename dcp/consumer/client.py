@@ -110,8 +110,9 @@ class DcpClient:
             stream from the one address given and never ask for a config; True: always
             route by the config.
         prefer_replica: in a cluster, stream a vbucket from a replica whose high seqno is
-            within ``max_replica_lag`` seqnos of its active's (re-checked on every config
-            refresh); otherwise from the active.
+            within ``max_replica_lag`` seqnos of its active's and at least the vbucket's
+            resume point (re-checked on every config refresh; the replica streaming stays
+            while it qualifies); otherwise from the active.
         config_poll_interval: seconds between config polls in a cluster (moves that end
             no stream are followed this way).
     """

@@ -139,6 +139,11 @@ class ClusterRunner:
 
     def _target(self, vb: int, current: Address | None) -> Address | None:
         r = self.sup.routing
+        resume = 0
+        session = self.sup.session
+        if session is not None and vb in session:
+            p = session[vb]  # a replica must have what the next request asks from
+            resume = max(p.r_seqno, p.r_snap_end)
         return pick(
             self.config,
             vb,
@@ -147,6 +152,7 @@ class ClusterRunner:
             max_lag=r.max_replica_lag,
             active_high=self.active_high,
             replica_high=self.replica_high,
+            resume=resume,
         )
 
     def _retry(self, vb: int, err: BaseException, now: float, operation: str) -> None:

@@ -10,10 +10,14 @@ Rules of this module:
   (a lone server's config reached through a list is first re-addressed to the node that
   answered, ``ClusterConfig.seen_from``: it may advertise 0.0.0.0).
 - A vbucket streams from its active (``pick``); with ``prefer_replica`` from a replica
-  whose high seqno is within ``max_lag`` of the active's (the most current one; the one
-  already streaming wins a tie, so a refresh moves nothing that is still good). Positions
-  are valid on every copy (a replica's failover log is its active's), so a move is a new
-  stream request with the same resume fields, never a restart.
+  that qualifies: its high seqno is within ``max_lag`` of the active's *and* at least the
+  client's own resume point (``resume``: the seqno, or snapshot end, the next stream
+  request asks from). A replica below the resume point would answer ROLLBACK to its high
+  seqno although nothing was lost: the active still has those seqnos. The replica
+  already streaming is kept while it qualifies (a refresh never hops between copies);
+  otherwise the most current qualifying replica, else the active. Positions are valid on
+  every copy (a replica's failover log is its active's), so a move is a new stream
+  request with the same resume fields, never a restart.
 - Refreshes are rate-limited (``RefreshGate``): one fetch at a time and at most one per
   ``min_interval``, so a node that answers NOT_MY_VBUCKET forever cannot make a busy
   loop; per-vbucket retries back off exponentially (``backoff``).
@@ -77,26 +81,30 @@ def pick(
     max_lag: int = 1000,
     active_high: Mapping[int, int] | None = None,
     replica_high: Mapping[Address, Mapping[int, int]] | None = None,
+    resume: int = 0,
 ) -> Address | None:
     """The node ``vb`` should stream from (None: the map names no active now: wait).
 
     ``active_high``: vb -> the active's high seqno; ``replica_high``: node -> vb -> its
     replica's high seqno (GET_ALL_VB_SEQNOS with the replica state). A replica whose
-    seqnos are unknown is not used."""
+    seqnos are unknown is not used. ``resume``: the highest seqno the next stream request
+    of ``vb`` names (its start, or its snapshot end when larger): a replica must have it."""
     active = config.active(vb)
     if active is None:
         return None
     if not prefer_replica or active_high is None or vb not in active_high:
         return active
     replica_high = replica_high or {}
-    top = active_high[vb]
+    floor = max(active_high[vb] - max_lag, resume)
     best: Address | None = None
     best_high = -1
     for node in config.replicas(vb):
         high = replica_high.get(node, {}).get(vb)
-        if high is None or top - high > max_lag:
+        if high is None or high < floor:
             continue
-        if high > best_high or (high == best_high and node == current):
+        if node == current:
+            return node  # still good: stay (no hopping between copies)
+        if high > best_high:
             best, best_high = node, high
     return best if best is not None else active
 
@@ -110,9 +118,11 @@ def assign(
     max_lag: int = 1000,
     active_high: Mapping[int, int] | None = None,
     replica_high: Mapping[Address, Mapping[int, int]] | None = None,
+    resume: Mapping[int, int] | None = None,
 ) -> dict[int, Address | None]:
-    """``pick`` for every vbucket of ``vbuckets``."""
+    """``pick`` for every vbucket of ``vbuckets`` (``resume``: vb -> its resume point)."""
     current = current or {}
+    resume = resume or {}
     return {
         vb: pick(
             config,
@@ -122,6 +132,7 @@ def assign(
             max_lag=max_lag,
             active_high=active_high,
             replica_high=replica_high,
+            resume=resume.get(vb, 0),
         )
         for vb in vbuckets
     }
