@@ -196,6 +196,7 @@ class DcpClient:
         self._cfg = cfg.connection
         self._store = offset_store
         self._delivery = Delivery()
+        self._delivery.on_dropped = self._ack_dropped
         self._offsets: dict[int, Offset] = {}
         self._store_lock = trio.Lock()
         self._unsaved = False
@@ -355,7 +356,13 @@ class DcpClient:
             session.delivered(item)
 
     def _hand_off(self, fc: FlowControl, nbytes: int) -> None:
-        n = fc.handed(nbytes)
+        self._send_ack(fc, fc.handed(nbytes))
+
+    def _ack_dropped(self, fc: FlowControl) -> None:
+        """Purged batches made bytes ackable on ``fc``'s connection (``Delivery.purge``)."""
+        self._send_ack(fc, fc.due())
+
+    def _send_ack(self, fc: FlowControl, n: int) -> None:
         if not n or self._nursery is None or self._state != "running":
             return
         sup = self._supervisor

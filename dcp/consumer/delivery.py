@@ -11,7 +11,11 @@ Rules of this module:
   ``close()`` (the client was closed) takes effect at once.
 - Superseded batches are purged: those of a lost connection at once, those of an older
   stream generation of a vbucket when a new stream is requested for it (they would be
-  delivered again anyway). Rollback events are never purged.
+  delivered again anyway). Rollback events are never purged. The bytes of a purged batch
+  become ackable on the connection that sent it, which may not be the one that purged
+  (a vbucket moved between nodes) and may receive nothing more for a long time: so
+  ``on_dropped`` (the client's) is told of each such connection's flow control, to send
+  the ack that is due there at once.
 - Size is bounded by flow control (the server stops at the window); with flow control
   off the reader waits in ``wait_below`` instead.
 """
@@ -19,6 +23,7 @@ Rules of this module:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -66,6 +71,8 @@ class Delivery:
         self._finished = False
         self._closed = False
         self.nbytes = 0  # wire bytes queued (for the reader's own bound without flow control)
+        #: told of each flow control whose queued bytes ``purge`` made ackable
+        self.on_dropped: Callable[[FlowControl], None] | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -83,11 +90,13 @@ class Delivery:
         if not self._items or not gens:
             return 0
         keep: deque[Entry] = deque()
+        flows: dict[int, FlowControl] = {}
         dropped = 0
         get = gens.get
         for e in self._items:
             if type(e) is SnapshotBatch and e.gen < get(e.vbucket, -1):
                 e.flow.dropped(e.nbytes)
+                flows[id(e.flow)] = e.flow
                 self.nbytes -= e.nbytes
                 dropped += 1
             else:
@@ -95,6 +104,9 @@ class Delivery:
         if dropped:
             self._items = keep
             self._space.set()
+            if self.on_dropped is not None:
+                for fc in flows.values():
+                    self.on_dropped(fc)
         return dropped
 
     def purge_connection(self, fc: FlowControl) -> int:

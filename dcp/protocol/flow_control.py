@@ -85,6 +85,11 @@ class FlowControl:
             self.queued -= nbytes
             self.ackable += nbytes
 
+    def due(self) -> int:
+        """Bytes to ack now, e.g. after ``dropped``: nothing else may arrive on the
+        connection to trigger the ack (its vbucket moved to another connection)."""
+        return self._due()
+
     def statistics(self) -> dict[str, int]:
         return {
             "window": self.window,

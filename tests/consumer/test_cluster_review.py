@@ -63,3 +63,34 @@ async def test_a_replica_behind_the_committed_position_causes_no_rollback() -> N
         assert not any(isinstance(i, RollbackEvent) for i in got)
         assert b.stream_requests == []
         assert [(r.vbucket, r.start) for r in a.stream_requests] == [(0, 18)]
+
+
+# ---------------------------------------------------------------- flow control after a move
+
+
+async def test_purged_bytes_of_a_moved_vbucket_are_acked_on_their_connection() -> None:
+    """vb 1 moves from c to b while c's window is full of vb 1's queued batches: the new
+    stream purges them, and c must get their ack at once, or vb 2 (still on c) stalls
+    until c's next receive (a noop: up to 120 s)."""
+    async with FakeProducer() as a, FakeProducer() as b, FakeProducer() as c:
+        a.vb(0)
+        c.vb(1).add_mutations(300, per_snapshot=10, value=b"x" * 200)  # fills c's window
+        c.vb(2)  # idle for now
+        b.vb(1).add_mutations(300, per_snapshot=10, value=b"x" * 200)
+        serve([[0], [2], [2], [0]], 5, a, b, c)
+        got: list = []
+        async with client(nodes(a, b, c), buffer_size=8192) as cl:
+            with trio.fail_after(10):
+                while c.max_outstanding < 8192:  # the application reads nothing yet
+                    await trio.sleep(0.05)
+                await trio.sleep(0.3)
+                serve([[0], [1], [2], [0]], 6, a, b, c)  # vb 1: c -> b (a poll finds it)
+                while not b.requests_for(1):
+                    await trio.sleep(0.05)
+            await trio.sleep(0.3)
+            c.vb(2).add_mutations(5)
+            c.wake_all()
+            with trio.fail_after(5):
+                while len(keys(got, 2)) < 5:
+                    got.append(await cl.__anext__())
+        assert sum(c.acks) >= 8192 * 0.8  # the purged bytes, acked on c
