@@ -328,8 +328,8 @@ class ClusterRunner:
         attempts = 0
         while True:
             try:
-                high, logs = await self._seqnos_and_logs(vbs)
-                await sup.resolve(vbs, high, logs)
+                high, end_logs = await self._seqnos_and_logs(vbs)
+                await sup.resolve(vbs, high, self._logs_of(end_logs), end_logs or None)
                 return
             except Exception as exc:
                 if not sup.transient(exc):
@@ -346,14 +346,19 @@ class ClusterRunner:
 
     async def _seqnos_and_logs(
         self, vbs: list[int]
-    ) -> tuple[dict[int, int], Callable[[list[int]], Awaitable[dict[int, FailoverLog]]]]:
+    ) -> tuple[dict[int, int], dict[int, FailoverLog]]:
+        """The actives' high seqnos of ``vbs`` and, ``to_latest``, their failover logs,
+        each node's log read before its seqnos: a failover in between then lowers the
+        end (``Session.clamp_end``) rather than hiding the branch that lost the tail."""
         missing = self.config.without_active(vbs)
         if missing:
             raise NoActiveError(f"the map names no active for vbuckets {missing[:8]}")
-        by_node = self.config.actives_by_node(vbs)
         high: dict[int, int] = {}
-        for addr, mine in by_node.items():
-            got = dict(await self.ask(addr, lambda c: c.get_all_vb_seqnos(ACTIVE)))
+        logs: dict[int, FailoverLog] = {}
+        for addr, mine in self.config.actives_by_node(vbs).items():
+            if self.sup.to_latest:
+                logs.update(await self.ask(addr, _failover_logs(mine)))
+            got = dict(await self.ask(addr, _seqnos_in(ACTIVE)))
             stale = [vb for vb in mine if vb not in got]
             if stale:  # the map moved them on: refresh, ask again
                 raise NoActiveError(
@@ -361,14 +366,22 @@ class ClusterRunner:
                     f"{self.config.rev})"
                 )
             high.update((vb, got[vb]) for vb in mine)
+        return high, logs
+
+    def _logs_of(
+        self, known: dict[int, FailoverLog]
+    ) -> Callable[[list[int]], Awaitable[dict[int, FailoverLog]]]:
+        """Failover logs of vbuckets (``StartFrom.NOW``) from their actives, reusing
+        those already read."""
 
         async def logs(now_vbs: list[int]) -> dict[int, FailoverLog]:
-            out: dict[int, FailoverLog] = {}
-            for addr, mine in self.config.actives_by_node(now_vbs).items():
-                out.update(await self.ask(addr, lambda c, m=mine: c.get_failover_logs(m)))
+            out = {vb: known[vb] for vb in now_vbs if vb in known}
+            rest = [vb for vb in now_vbs if vb not in out]
+            for addr, mine in self.config.actives_by_node(rest).items():
+                out.update(await self.ask(addr, _failover_logs(mine)))
             return out
 
-        return high, logs
+        return logs
 
     # ------------------------------------------------------------------ introspection
 
@@ -397,3 +410,17 @@ class ClusterRunner:
             "nodes": nodes,
             "waiting_vbuckets": len(self.waiting),
         }
+
+
+def _failover_logs(vbs: list[int]) -> Callable[[DcpConnection], Awaitable[dict[int, FailoverLog]]]:
+    async def ask(c: DcpConnection) -> dict[int, FailoverLog]:
+        return await c.get_failover_logs(vbs)
+
+    return ask
+
+
+def _seqnos_in(state: int) -> Callable[[DcpConnection], Awaitable[list[tuple[int, int]]]]:
+    async def ask(c: DcpConnection) -> list[tuple[int, int]]:
+        return await c.get_all_vb_seqnos(state)
+
+    return ask

@@ -97,6 +97,8 @@ class DcpConnection(Requests):
         self._by_vb: dict[int, StreamBuffer] = {}
         self._open_heap: list[tuple[float, int]] = []
         self._opener_wake = trio.Event()
+        #: DCP_CLOSE_STREAMs the opener writes before its next stream requests
+        self._closes = bytearray()
         self._received = False  # anything read yet (``closed_message``)
         #: the vbuckets this connection streams (None: every vbucket of the session)
         self.owned: set[int] | None = None
@@ -265,6 +267,19 @@ class DcpConnection(Requests):
             _, data = self.proto.close_stream(vb)
             self._nursery.start_soon(self._send_quietly, data)
 
+    def restart_stream(self, vb: int) -> None:
+        """Close ``vb``'s open stream and request it again (its end seqno was lowered).
+        The close is written by the opener just before the new request, in the same
+        write: the server never sees a second stream of the vbucket while one is open."""
+        st = self._by_vb.pop(vb, None)
+        if st is None:
+            return
+        self._streams.pop(st.opaque, None)
+        self.proto.forget(st.opaque)
+        _, data = self.proto.close_stream(vb)
+        self._closes += data
+        self.schedule_open(vb, 0)
+
     async def _send_quietly(self, data: bytes) -> None:
         try:
             await self.send(data)
@@ -294,7 +309,7 @@ class DcpConnection(Requests):
         heap = self._open_heap
         while True:
             now = trio.current_time()
-            buf = bytearray()
+            buf, self._closes = self._closes, bytearray()
             gens: dict[int, int] = {}
             while heap and heap[0][0] <= now and len(buf) < 256 * 1024:
                 _, vb = heapq.heappop(heap)

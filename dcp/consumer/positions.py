@@ -16,6 +16,13 @@ Rules of this module:
   them could pair data of an abandoned stream with a newer failover log).
 - Positions are ordered by (epoch, seqno); committed positions never move backwards
   except through a rollback event of a newer epoch.
+- ``to_latest``: ``end_seqno`` is the high seqno the vbucket's active had when the client
+  started, and ``end_log`` the failover log it had then (cluster mode). "Latest" means
+  that data as far as it survived: when a copy later streams the vbucket with a failover
+  log that branched off below ``end_seqno`` (a failover lost the tail), the seqnos above
+  the branch point will never come on that history, so the end is lowered to it
+  (``clamp_end``) instead of waiting forever. Writes made on the new branch after the
+  failover are not part of what "latest" named.
 - No I/O; the client persists ``offsets()`` after a commit changed something.
 """
 
@@ -45,6 +52,7 @@ class VbPosition:
         "c_snap_end",
         "c_snap_start",
         "done",
+        "end_log",
         "end_seqno",
         "epoch",
         "gen",
@@ -75,6 +83,8 @@ class VbPosition:
         self.epoch = 0
         self.gen = 0
         self.end_seqno = SEQNO_MAX
+        #: to_latest in a cluster: the failover log of the copy ``end_seqno`` was read from
+        self.end_log: FailoverLog | None = None
         self.done = False
         self.tip: SnapshotBatch | RollbackEvent | None = None
 
@@ -118,6 +128,21 @@ class Session:
         """(start, end, vb_uuid, snap_start, snap_end) for the next stream request."""
         p = self.positions[vb]
         return p.r_seqno, p.end_seqno, p.resume_uuid, p.r_snap_start, p.r_snap_end
+
+    def clamp_end(self, vb: int, log: Iterable[tuple[int, int]]) -> int:
+        """A stream of ``vb`` opened on a copy whose failover log is ``log``: lower the
+        end to where that copy's history branched off the one the end was read from, if
+        that is below it (module rules). Returns the (possibly new) end seqno."""
+        p = self.positions[vb]
+        if p.end_log is None or p.end_seqno == SEQNO_MAX:
+            return p.end_seqno
+        known = set(p.end_log)
+        # entries the reference history lacks are branches made since; the oldest of them
+        # is where this copy's history stopped being the one the end was read from
+        branch = min((seqno for uuid, seqno in log if (uuid, seqno) not in known), default=None)
+        if branch is not None and branch < p.end_seqno:
+            p.end_seqno = branch
+        return p.end_seqno
 
     def purge_seqno(self, vb: int) -> int:
         """The purge seqno last seen at the resume point (0: none; sent as JSON if set)."""

@@ -13,7 +13,9 @@ Rules of this module:
   ``Items`` event, each chunk yields one list for the delivery queue (complete snapshot
   batches, rollback events; raw mode: one ``RawChunk``) and at most one write (noop
   replies + one buffer ack, from ``data_to_send``).
-- Stream-request answers: OK adopts the failover log; ROLLBACK resets the positions and
+- Stream-request answers: OK adopts the failover log (and, ``to_latest``, restarts the
+  stream with a lower end when that log branched off below it: ``Session.clamp_end``);
+  ROLLBACK resets the positions and
   emits a ``RollbackEvent`` (or raises ``RollbackError`` under the fail policy);
   NOT_MY_VBUCKET/ETMPFAIL/EBUSY/ENOMEM are retried with backoff until the retry timeout;
   anything else is a ``StreamError``. On a cluster connection, NOT_MY_VBUCKET and a stream
@@ -213,6 +215,11 @@ class StreamReader:
             st.state = StreamState.STREAMING
             conn.retries.pop(st.vbucket, None)
             conn.made_progress = True
+            session = conn.session
+            assert session is not None  # streams are opened for a session
+            # to_latest: a copy whose history branched off below the end never reaches it
+            if session.clamp_end(st.vbucket, e.failover_log) < st.end_seqno:
+                conn.restart_stream(st.vbucket)
 
     def _stream_rollback(self, e: ev.StreamRollback) -> None:
         conn = self.conn

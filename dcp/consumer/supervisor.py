@@ -284,9 +284,11 @@ class Supervisor:
         vbs: list[int],
         high: dict[int, int],
         get_logs: Callable[[list[int]], Awaitable[dict[int, FailoverLog]]] | None,
+        end_logs: dict[int, FailoverLog] | None = None,
     ) -> None:
         """Start positions of ``vbs`` from the high seqnos ``high`` (and the failover
-        logs ``get_logs`` fetches, for ``StartFrom.NOW``)."""
+        logs ``get_logs`` fetches, for ``StartFrom.NOW``). ``end_logs``: to_latest in a
+        cluster, the failover logs read with ``high`` (``VbPosition.end_log``)."""
         if not vbs:
             raise UsageError("the server reported no vbuckets to stream")
         offsets: dict[int, Offset] = {}
@@ -311,6 +313,8 @@ class Supervisor:
         if self.to_latest:
             for vb, p in session.positions.items():
                 p.end_seqno = high.get(vb, 0)
+                if end_logs is not None and vb in end_logs:
+                    p.end_log = end_logs[vb]
         self.session = session
         self.started.set()
 

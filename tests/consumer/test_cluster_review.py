@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from dcp.consumer import DcpClient, Offset, RollbackEvent, SnapshotBatch
+from dcp.consumer.positions import Session
 from dcp.consumer.routing import pick
 from dcp.protocol.cluster_config import ClusterConfig
 
@@ -94,3 +95,69 @@ async def test_purged_bytes_of_a_moved_vbucket_are_acked_on_their_connection() -
                 while len(keys(got, 2)) < 5:
                     got.append(await cl.__anext__())
         assert sum(c.acks) >= 8192 * 0.8  # the purged bytes, acked on c
+
+
+# ---------------------------------------------------------------- to_latest after a failover
+
+
+def test_the_end_is_lowered_to_where_a_copy_branched_off() -> None:
+    s = Session({0: Offset.beginning(0), 1: Offset.beginning(1)})
+    for vb in (0, 1):
+        s[vb].end_seqno, s[vb].end_log = 20, ((0xA0, 0),)
+    assert s.clamp_end(0, [(0xA0, 0)]) == 20  # the same history
+    assert s.clamp_end(0, [(0xB0, 25), (0xA0, 0)]) == 20  # a failover above the end
+    assert s.clamp_end(0, [(0xC0, 30), (0xB0, 15), (0xA0, 0)]) == 15  # lost 16..20
+    assert s.clamp_end(1, [(0xD0, 0)]) == 0  # nothing survived
+    plain = Session({0: Offset.beginning(0)})  # no reference log: never lowered
+    plain[0].end_seqno = 20
+    assert plain.clamp_end(0, [(0xB0, 15)]) == 20
+
+
+async def test_to_latest_ends_after_a_failover_that_lost_the_tail() -> None:
+    """The end (20) was read from a; a fails over to b, whose branch (0xB0 at 15) lost
+    16..20: the stream on b must end at 15 instead of waiting for seqnos that never come."""
+    async with FakeProducer() as a, FakeProducer() as b:
+        a.vb(0).add_mutations(20, per_snapshot=5)
+        hb = b.vb(0)
+        hb.add_mutations(15, per_snapshot=5)
+        hb.failover(0xB0, at=15)
+        serve([[0, 1]], 5, a, b)
+        a.fault(0, 6, "silence")  # a sends 1..5 and then nothing
+        got: list = []
+        with trio.fail_after(10):
+            async with client(nodes(a, b), to_latest=True, retry_timeout=30) as c:
+                async for item in c:
+                    got.append(item)
+                    if len(got) == 1:  # the failover: b is the active now
+                        serve([[1, 0]], 6, a, b)
+                        a.vbs.clear()
+                        await a.drop_connections()
+        got_keys = keys(got, 0)
+        assert b"k0-15" in got_keys and b"k0-16" not in got_keys
+        assert [x.end for x in got if isinstance(x, SnapshotBatch)][-1] == 15
+        assert b.stream_requests[-1].end == 15  # asked again with the lowered end
+
+
+async def test_to_latest_ends_after_a_rollback_to_the_surviving_history() -> None:
+    """The client committed 18 from a; b (the new active) lost 16..20: ROLLBACK to 15,
+    then the stream on b ends there (end lowered from 20 to b's branch point)."""
+    async with FakeProducer() as a, FakeProducer() as b:
+        a.vb(0).add_mutations(20, per_snapshot=1)
+        hb = b.vb(0)
+        hb.add_mutations(15, per_snapshot=1)
+        hb.failover(0xB0, at=15)
+        serve([[0, 1]], 5, a, b)
+        a.fault(0, 19, "silence")
+        got: list = []
+        with trio.fail_after(10):
+            async with client(nodes(a, b), to_latest=True, retry_timeout=30) as c:
+                async for item in c:
+                    got.append(item)
+                    await c.commit(item)
+                    if isinstance(item, SnapshotBatch) and item.end == 18:
+                        serve([[1, 0]], 6, a, b)
+                        a.vbs.clear()
+                        await a.drop_connections()
+        rollbacks = [x for x in got if isinstance(x, RollbackEvent)]
+        assert [(r.seqno, r.rollback_seqno) for r in rollbacks] == [(18, 15)]
+        assert b.stream_requests[-1].end == 15
