@@ -6,12 +6,13 @@ change it read was replicated before the kill, so no branch diverged).
 Rules of this module: real processes and a throwaway etcd on loopback (``harness.py``,
 ``traffic.py``), the tests' local Spark session (``tests/spark/conftest.py``); Spark's
 blocking calls run on worker threads so the writers' trio tasks keep going; every wait
-is bounded and the query is stopped whatever happens. The query's options are the ones
-docs/spark.md's "Clusters" example gives.
+is bounded and the query is stopped whatever happens. The query is docs/spark.md's
+"Clusters" example, executed as written (only the addresses and paths are the test's).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,25 @@ from .traffic import Router, Writer, keys_for, read_all, value_of
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 NAMES = ["n1", "n2", "n3"]
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "spark.md"
+
+
+def _doc_query(bootstrap: str, out: Path, ck: Path) -> str:
+    """The query of docs/spark.md's "Clusters" example (up to its "# later" comment),
+    with this cluster's addresses and the test's directories put in."""
+    section = DOC.read_text().split("\n## Clusters\n", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None, "docs/spark.md's Clusters section lost its example"
+    query = code.group(1).split("# later", 1)[0]
+    hosts = re.search(r'"host", "([^"]+)"', query)
+    assert hosts is not None and "/data/feed-checkpoint" in query, query
+    return (
+        query.replace(hosts.group(1), bootstrap)
+        .replace("/data/feed-checkpoint", str(ck))
+        .replace("/data/feed", str(out))
+    )
 
 
 async def _write_all(writer: Writer, keys: list[bytes], version: int) -> None:
@@ -122,19 +142,10 @@ async def test_a_streaming_query_across_a_kill_9_failover_ends_exact(
 
         dcp.spark.register(spark)
 
-        def start() -> Any:
-            return (
-                spark.readStream.format("dcp")
-                .option("host", bootstrap)
-                .option("numPartitions", 2)
-                .option("retryTimeout", 60)
-                .load()
-                .writeStream.format("parquet")
-                .option("path", str(out))
-                .option("checkpointLocation", str(ck))
-                .trigger(processingTime="1 second")
-                .start()
-            )
+        def start() -> Any:  # the docs' query, run as written (addresses and paths ours)
+            ns: dict[str, Any] = {"spark": spark}
+            exec(_doc_query(bootstrap, out, ck), ns)
+            return ns["query"]
 
         query = await trio.to_thread.run_sync(start)
         try:
