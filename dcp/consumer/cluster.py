@@ -19,15 +19,23 @@ Rules of this module:
   Anything that is not transient (``RollbackError`` under the fail policy, a
   ``StreamError``...) ends the client, through the delivery queue.
 - Config refreshes (``_refresher``): on demand and every ``config_poll_interval`` s, one
-  at a time and at most one per 100 ms (``routing.RefreshGate``). A fetched config is
-  used only when it parses and is newer; a NOT_MY_VBUCKET answer's own config counts the
-  same. After each refresh every routed vbucket is checked against the map (and, with
-  ``prefer_replica``, the copies' seqnos) and moved when it should stream elsewhere.
+  at a time and at most one per 100 ms (``routing.RefreshGate``). A fetch asks nodes in
+  turn (``_candidates``: linked nodes first, the least busy first, then the map's and the
+  bootstrap list; those that just failed to answer last), each for at most
+  ``ASK_TIMEOUT`` s, until one has a *newer* config: the first answer may be a stale
+  node's, and a frozen node must not cost ``connect_timeout`` per refresh. A fetched
+  config is used only when it parses and is newer; a NOT_MY_VBUCKET answer's own config
+  counts the same. When no node answers, the warning is logged at most once per
+  ``WARN_EVERY`` s (and again at once after a refresh worked). After each refresh every
+  routed vbucket is checked against the map (and, with ``prefer_replica``, the copies'
+  seqnos) and moved when it should stream elsewhere.
+- Start positions and the small requests asked of nodes are ``cluster_start.py``'s.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -35,24 +43,28 @@ import trio
 
 from dcp.protocol.cluster_config import Address, ClusterConfig, format_address
 
+from .cluster_start import (
+    NoActiveError,
+    active_and_replica_seqnos,
+    cluster_config,
+    resolve_positions,
+)
 from .connection import DcpConnection
-from .errors import NoNodeAnsweredError, RetryTimeoutError, TransientError, UsageError
+from .errors import NoNodeAnsweredError, RetryTimeoutError
 from .node_link import NodeLink, control_call
-from .offset import FailoverLog, StartFrom
 from .routing import RefreshGate, backoff, newer_config, pick
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
 
-__all__ = ["ClusterRunner", "NoActiveError"]
+__all__ = ["ASK_TIMEOUT", "WARN_EVERY", "ClusterRunner", "NoActiveError"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-ACTIVE, REPLICA = 1, 2
-
-
-class NoActiveError(TransientError):
-    """The map names no active node for a vbucket (a failover has not happened yet)."""
+#: seconds one node may take to answer a refresh's request before the next is asked
+ASK_TIMEOUT = 1.0
+#: seconds between two "refresh failed" warnings while no node answers
+WARN_EVERY = 10.0
 
 
 class ClusterRunner:
@@ -69,6 +81,9 @@ class ClusterRunner:
         self.active_high: dict[int, int] = {}
         self.replica_high: dict[Address, dict[int, int]] = {}
         self.failure: BaseException | None = None
+        #: node -> when it last failed to answer a refresh (asked last for a while)
+        self._failed_at: dict[Address, float] = {}
+        self._warned_at: float | None = None  #: last "refresh failed" warning
         self.done = trio.Event()
         self._refresh_wanted = trio.Event()
         self._wake = trio.Event()
@@ -80,7 +95,7 @@ class ClusterRunner:
         """Stream until every ``to_latest`` vbucket is done; raises what ended it."""
         sup = self.sup
         if sup.session is None:
-            await self._resolve()
+            await resolve_positions(self)
         assert sup.session is not None
         if sup.routing.prefer_replica:  # route to the replicas from the first request on
             await self._read_seqnos()
@@ -244,15 +259,7 @@ class ClusterRunner:
         """Fetch the config (and, with ``prefer_replica``, the seqnos); move what the new
         picture routes elsewhere."""
         self.refreshes += 1
-        try:
-            data = await self.ask_any(lambda c: c.get_cluster_config())
-        except NoNodeAnsweredError as exc:
-            log.warning("cluster config refresh failed, keeping rev %s: %s", self.config.rev, exc)
-            return
-        if data:
-            newer = newer_config(self.config, data)
-            if newer is not None:
-                self._adopt(newer)
+        await self._fetch_newer()
         if self.sup.routing.prefer_replica:
             await self._read_seqnos()
         now = trio.current_time()
@@ -262,18 +269,72 @@ class ClusterRunner:
                 self.waiting[vb] = now
         self._wake.set()
 
+    async def _fetch_newer(self) -> None:
+        """Ask nodes in turn until one has a newer config (module rules)."""
+        limit = min(ASK_TIMEOUT, self.sup.connect_timeout)
+        tried: list[Address] = []
+        errors: list[BaseException] = []
+        answered = False
+        for addr in self._candidates():
+            tried.append(addr)
+            try:
+                with trio.fail_after(limit):
+                    data = await self.ask(addr, cluster_config)
+            except Exception as exc:  # that node cannot tell (TooSlowError too): the next
+                errors.append(exc)
+                self._failed_at[addr] = trio.current_time()
+                continue
+            self._failed_at.pop(addr, None)
+            answered = True
+            newer = newer_config(self.config, data) if data else None
+            if newer is not None:
+                self._adopt(newer)
+                break
+            # not newer: this node may be the stale one; the next may know better
+        if tried and not answered:
+            self._warn_unanswered(NoNodeAnsweredError([format_address(a) for a in tried], errors))
+        elif self._warned_at is not None:
+            log.info("cluster config refresh works again (rev %s)", self.config.rev)
+            self._warned_at = None
+
+    def _warn_unanswered(self, exc: NoNodeAnsweredError) -> None:
+        now = trio.current_time()
+        if self._warned_at is None or now - self._warned_at >= WARN_EVERY:
+            self._warned_at = now
+            log.warning("cluster config refresh failed, keeping rev %s: %s", self.config.rev, exc)
+        else:
+            log.debug("cluster config refresh failed again: %s", exc)
+
+    def _candidates(self) -> list[Address]:
+        """Whom a refresh asks, in order (module rules)."""
+        busy = sorted(
+            (link.pending_requests(), i, addr)
+            for i, (addr, link) in enumerate(self.links.items())
+            if link.ready
+        )
+        order: list[Address] = []
+        for addr in [
+            *(addr for _, _, addr in busy),
+            *self.config.servers,
+            *self.sup.routing.addresses,
+        ]:
+            if addr not in order:
+                order.append(addr)
+        recent = trio.current_time() - WARN_EVERY
+        failed_at = self._failed_at
+        return sorted(order, key=lambda a: failed_at.get(a, -math.inf) > recent)
+
     async def _read_seqnos(self) -> None:
         """Every node's active and replica high seqnos (a node that does not answer
-        counts as having no current replica)."""
+        within ``ASK_TIMEOUT`` counts as having no current replica)."""
         active: dict[int, int] = {}
         replica: dict[Address, dict[int, int]] = {}
+        limit = min(ASK_TIMEOUT, self.sup.connect_timeout)
 
         async def one(addr: Address) -> None:
-            async def both(c: DcpConnection) -> tuple[list[Any], list[Any]]:
-                return await c.get_all_vb_seqnos(ACTIVE), await c.get_all_vb_seqnos(REPLICA)
-
             try:
-                act, rep = await self.ask(addr, both)
+                with trio.fail_after(limit):
+                    act, rep = await self.ask(addr, active_and_replica_seqnos)
             except Exception as exc:  # any failure: no replica there
                 log.debug("seqnos of %s: %r", format_address(addr), exc)
                 return
@@ -292,96 +353,6 @@ class ClusterRunner:
         if link is not None:
             return await link.ask(fn)
         return await control_call(self.sup, addr, fn)
-
-    async def ask_any(self, fn: Callable[[DcpConnection], Awaitable[T]]) -> T:
-        """``fn`` on the first node that answers: linked nodes, then the map's, then the
-        bootstrap list; ``NoNodeAnsweredError`` naming each one tried when none does."""
-        order: list[Address] = []
-        for addr in [
-            *(a for a, link in self.links.items() if link.ready),
-            *self.config.servers,
-            *self.sup.routing.addresses,
-        ]:
-            if addr not in order:
-                order.append(addr)
-        errors: list[BaseException] = []
-        for addr in order:
-            try:
-                return await self.ask(addr, fn)
-            except Exception as exc:  # try the next node
-                errors.append(exc)
-        raise NoNodeAnsweredError([format_address(a) for a in order], errors)
-
-    # ------------------------------------------------------------------ start positions
-
-    async def _resolve(self) -> None:
-        """Start positions from the nodes the map names (retried until the timeout)."""
-        sup = self.sup
-        vbs = sup.vbuckets if sup.vbuckets is not None else list(range(self.config.num_vbuckets))
-        bad = [vb for vb in vbs if vb >= self.config.num_vbuckets]
-        if bad:
-            raise UsageError(f"vbuckets {bad[:5]} not in the cluster's {self.config.num_vbuckets}")
-        if not (sup.to_latest or sup.start is StartFrom.NOW):  # the map lists the vbuckets
-            await sup.resolve(vbs, {}, None)
-            return
-        since = trio.current_time()
-        attempts = 0
-        while True:
-            try:
-                high, end_logs = await self._seqnos_and_logs(vbs)
-                await sup.resolve(vbs, high, self._logs_of(end_logs), end_logs or None)
-                return
-            except Exception as exc:
-                if not sup.transient(exc):
-                    raise
-                attempts += 1
-                now = trio.current_time()
-                if now - since >= sup.retry_timeout:
-                    err = RetryTimeoutError(
-                        "connect", attempts=attempts, elapsed=now - since, last_error=exc
-                    )
-                    raise err from exc
-                await trio.sleep(backoff(attempts))
-                await self.refresh()
-
-    async def _seqnos_and_logs(
-        self, vbs: list[int]
-    ) -> tuple[dict[int, int], dict[int, FailoverLog]]:
-        """The actives' high seqnos of ``vbs`` and, ``to_latest``, their failover logs,
-        each node's log read before its seqnos: a failover in between then lowers the
-        end (``Session.clamp_end``) rather than hiding the branch that lost the tail."""
-        missing = self.config.without_active(vbs)
-        if missing:
-            raise NoActiveError(f"the map names no active for vbuckets {missing[:8]}")
-        high: dict[int, int] = {}
-        logs: dict[int, FailoverLog] = {}
-        for addr, mine in self.config.actives_by_node(vbs).items():
-            if self.sup.to_latest:
-                logs.update(await self.ask(addr, _failover_logs(mine)))
-            got = dict(await self.ask(addr, _seqnos_in(ACTIVE)))
-            stale = [vb for vb in mine if vb not in got]
-            if stale:  # the map moved them on: refresh, ask again
-                raise NoActiveError(
-                    f"{format_address(addr)} holds no active vbuckets {stale[:8]} (map rev "
-                    f"{self.config.rev})"
-                )
-            high.update((vb, got[vb]) for vb in mine)
-        return high, logs
-
-    def _logs_of(
-        self, known: dict[int, FailoverLog]
-    ) -> Callable[[list[int]], Awaitable[dict[int, FailoverLog]]]:
-        """Failover logs of vbuckets (``StartFrom.NOW``) from their actives, reusing
-        those already read."""
-
-        async def logs(now_vbs: list[int]) -> dict[int, FailoverLog]:
-            out = {vb: known[vb] for vb in now_vbs if vb in known}
-            rest = [vb for vb in now_vbs if vb not in out]
-            for addr, mine in self.config.actives_by_node(rest).items():
-                out.update(await self.ask(addr, _failover_logs(mine)))
-            return out
-
-        return logs
 
     # ------------------------------------------------------------------ introspection
 
@@ -410,17 +381,3 @@ class ClusterRunner:
             "nodes": nodes,
             "waiting_vbuckets": len(self.waiting),
         }
-
-
-def _failover_logs(vbs: list[int]) -> Callable[[DcpConnection], Awaitable[dict[int, FailoverLog]]]:
-    async def ask(c: DcpConnection) -> dict[int, FailoverLog]:
-        return await c.get_failover_logs(vbs)
-
-    return ask
-
-
-def _seqnos_in(state: int) -> Callable[[DcpConnection], Awaitable[list[tuple[int, int]]]]:
-    async def ask(c: DcpConnection) -> list[tuple[int, int]]:
-        return await c.get_all_vb_seqnos(state)
-
-    return ask

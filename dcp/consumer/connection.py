@@ -160,15 +160,24 @@ class DcpConnection(Requests):
             self._rpcs[opaque] = w
             self.proto.expect(opaque)
             waiters.append(w)
-        await self.send(b"".join(data for _, data in requests))
-        out = []
-        for w in waiters:
-            await w.event.wait()
-            if w.error is not None:
-                raise w.error
-            assert w.frame is not None
-            out.append(w.frame)
-        return out
+        try:
+            await self.send(b"".join(data for _, data in requests))
+            out = []
+            for w in waiters:
+                await w.event.wait()
+                if w.error is not None:
+                    raise w.error
+                assert w.frame is not None
+                out.append(w.frame)
+            return out
+        finally:  # cancelled (a timeout) or failed: a late answer finds nothing
+            for opaque, _ in requests:
+                self._rpcs.pop(opaque, None)
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests of ``call`` still waiting for their answer (a frozen node's pile up)."""
+        return len(self._rpcs)
 
     async def receive(self, size: int) -> bytes | bytearray:
         """The next bytes from the server (up to ``size``).

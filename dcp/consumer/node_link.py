@@ -95,6 +95,11 @@ class NodeLink:
                 return await fn(conn)
         return await control_call(self.runner.sup, self.addr, fn)
 
+    def pending_requests(self) -> int:
+        """Requests asked on this link's connection and not answered yet."""
+        conn = self.conn
+        return conn.pending_requests if conn is not None else 0
+
     def statistics(self) -> dict[str, object]:
         conn = self.conn
         return {

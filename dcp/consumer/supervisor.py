@@ -117,6 +117,7 @@ class Supervisor:
     async def run(self) -> None:
         try:
             r = self.routing
+            config: ClusterConfig | None
             if r.mode or len(r.addresses) > 1:
                 config = await self._bootstrap()
             else:
@@ -178,7 +179,7 @@ class Supervisor:
         errors: list[BaseException] = []
         for addr in addrs:
             try:
-                return await control_call(self, addr, lambda c, a=addr: _config_of(c, a))
+                return await control_call(self, addr, _config_from(addr))
             except Exception as exc:
                 if not is_transient(exc) and not isinstance(exc, ConfigError):
                     raise
@@ -317,6 +318,15 @@ class Supervisor:
                     p.end_log = end_logs[vb]
         self.session = session
         self.started.set()
+
+
+def _config_from(addr: Address) -> Callable[[DcpConnection], Awaitable[ClusterConfig]]:
+    """The request ``_config_of`` for ``addr`` (a named function: typed, unlike a lambda)."""
+
+    async def ask(conn: DcpConnection) -> ClusterConfig:
+        return await _config_of(conn, addr)
+
+    return ask
 
 
 async def _config_of(conn: DcpConnection, addr: Address) -> ClusterConfig:

@@ -13,6 +13,8 @@ import trio
 import trio.testing
 
 from dcp.consumer import DcpClient, Offset, RollbackEvent, SnapshotBatch
+from dcp.consumer.connection import DcpConnection
+from dcp.consumer.delivery import Delivery
 from dcp.consumer.positions import Session
 from dcp.consumer.routing import pick
 from dcp.protocol.cluster_config import ClusterConfig
@@ -161,3 +163,71 @@ async def test_to_latest_ends_after_a_rollback_to_the_surviving_history() -> Non
         rollbacks = [x for x in got if isinstance(x, RollbackEvent)]
         assert [(r.seqno, r.rollback_seqno) for r in rollbacks] == [(18, 15)]
         assert b.stream_requests[-1].end == 15
+
+
+# ---------------------------------------------------------------- config refresh
+
+
+async def test_a_refresh_asks_past_a_stale_and_a_silent_node_for_a_newer_map() -> None:
+    """a (linked, answers first) still has rev 5; the map's second server accepts and never
+    answers; b has rev 6, which moves vb 0 to b. The poll must reach b, each node bounded
+    by a short limit (not connect_timeout, 10 s)."""
+    silent = (await trio.open_tcp_listeners(0, host=HOST))[0]  # never accepts: HELLO hangs
+    silent_addr = (HOST, silent.socket.getsockname()[1])
+    async with FakeProducer() as a, FakeProducer() as b, silent:
+        a.vb(0).add_mutations(3)
+        b.vb(0).add_mutations(3)
+        servers = [(HOST, a.port), silent_addr, (HOST, b.port)]
+        a.cluster_config = config_json(5, servers, [[0]])
+        got: list = []
+        async with client(nodes(a), cluster=True, connect_timeout=10) as c:
+            with trio.fail_after(5):
+                while len(keys(got, 0)) < 3:
+                    got.append(await c.__anext__())
+            b.cluster_config = config_json(6, servers, [[2]])
+            with trio.fail_after(4):  # one refresh: a (stale), silent (<= 1 s), b
+                while not b.requests_for(0):
+                    await trio.sleep(0.05)
+            assert c.statistics()["config_rev"] == 6
+
+
+async def test_a_request_that_timed_out_leaves_no_waiter_behind() -> None:
+    ours, _theirs = trio.testing.memory_stream_pair()  # the peer never answers
+    cfg = DcpClient(HOST, 1)._cfg
+    conn = DcpConnection(ours, cfg, Delivery(), DcpClient(HOST, 1).commit, {}, {})
+    with trio.move_on_after(0.1) as cs:
+        await conn.get_cluster_config()
+    assert cs.cancelled_caught
+    assert conn.pending_requests == 0
+
+
+async def _serve_until_cancelled(
+    p: FakeProducer, task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED
+) -> None:
+    with trio.CancelScope() as scope:
+        async with p:
+            task_status.started(scope)
+            await trio.sleep_forever()
+
+
+async def test_the_refresh_failed_warning_is_rate_limited(caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="dcp.consumer.cluster")
+    a, b = FakeProducer(), FakeProducer()
+    async with trio.open_nursery() as nursery:
+        scopes = [await nursery.start(_serve_until_cancelled, p) for p in (a, b)]
+        a.vb(0).add_mutations(2)
+        b.vb(1).add_mutations(2)
+        serve([[0], [1]], 5, a, b)
+        got: list = []
+        async with client(nodes(a, b), retry_timeout=30) as c:
+            with trio.fail_after(5):
+                while len(keys(got, 0)) + len(keys(got, 1)) < 4:
+                    got.append(await c.__anext__())
+            for p, scope in zip((a, b), scopes, strict=True):
+                await p.drop_connections()  # every node gone: each refresh fails
+                scope.cancel()
+            await trio.sleep(2)
+            fetches = c.statistics()["config_refreshes"]
+    warnings = [r for r in caplog.records if "refresh failed" in r.getMessage()]
+    assert fetches >= 5  # it did try again and again
+    assert len(warnings) == 1
