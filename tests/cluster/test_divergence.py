@@ -69,6 +69,9 @@ async def test_old_active_rolls_back_its_unreplicated_tail_and_converges_to_the_
         await kv.set_many({k: b"two:" + k for k in w1[::3]})  # some keys at rev 2
     h_b = await wait_caught_up(a, b)
     await until(b.persisted, "B to persist W1")
+    # and A: an update in W2 can only be undone exactly if the version it superseded is
+    # on A's disk (in its history window); a version superseded in memory never is
+    await until(a.persisted, "A to persist W1")
     b.kill()
     if w2_updates_existing_keys:
         w2 = [
