@@ -64,7 +64,10 @@ async def test_a_killed_node_is_failed_over_in_time_and_rejoins_as_a_replica(
         killed_at = trio.current_time()
         c.kill(victim)
         took = await all_writable(writer, 1)
-        limit = c.failover_timeout + 5
+        # the failover itself (timeout + an orchestrator pass), then the clients' map
+        # refresh (routed by the map: NOT_MY_VBUCKET, a lost node, or their 2.5 s poll),
+        # on a loaded 2-core machine; the failover time is measured by tools.bench cluster
+        limit = c.failover_timeout + 8
         assert took <= limit, f"every vbucket writable {took:.1f} s after kill -9 (> {limit:g})"
         assert await _failed_over(c, victim)
         assert await c.failed_over_count() == 1
