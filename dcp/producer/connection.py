@@ -113,6 +113,8 @@ class Connection:
         self.cursor_dropping = True
         self.stream_end_on_close = False
         self.change_streams = False
+        #: control ``consumer_name``: the node a replica's DCP_SEQNO_ACKNOWLEDGED speaks for
+        self.consumer_name: str | None = None
         self.streams: dict[int, ActiveStream] = {}
         self.ready: dict[ActiveStream, None] = {}
         # Output

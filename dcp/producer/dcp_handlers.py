@@ -124,6 +124,15 @@ def control(conn: Connection, f: Frame) -> None:
         if val not in _TRUE:
             return bad("expected true or false")
         conn.options.seqno_advanced = _TRUE[val]
+    elif key == "stable_only":
+        if val not in _TRUE:
+            return bad("expected true or false")
+        conn.options.stable_only = _TRUE[val]
+    elif key == "consumer_name":
+        # the node name a replica acknowledges under (DCP_SEQNO_ACKNOWLEDGED)
+        if not raw or len(raw) > 200:
+            return bad("expected a node name of 1-200 characters")
+        conn.consumer_name = raw
     elif key == "change_streams":
         if val != "true":
             return bad("can only be turned on")

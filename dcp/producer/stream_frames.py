@@ -47,6 +47,7 @@ class StreamOptions:
         "keep_datatype",
         "no_value",
         "seqno_advanced",
+        "stable_only",
     )
 
     def __init__(
@@ -57,8 +58,12 @@ class StreamOptions:
         expiry_opcode: bool = False,
         keep_datatype: bool = False,
         seqno_advanced: bool = False,
+        stable_only: bool = False,
     ) -> None:
         self.no_value = no_value
+        #: control ``stable_only`` (our extension): a snapshot leaves only once its end is
+        #: at or below the vbucket's stable seqno (``DurabilityMonitor.stable_seqno``)
+        self.stable_only = stable_only
         #: control ``send_seqno_advanced``: end a disk snapshot whose last seqno has no
         #: item (a purged tombstone) with DCP_SEQNO_ADVANCED, so the client knows it is
         #: complete without waiting for the vbucket's next change.

@@ -316,6 +316,40 @@ def seqno_advanced(vbucket: int, opaque: int, seqno: int) -> bytes:
 
 
 @_refuses_out_of_range
+def seqno_acknowledged(
+    vbucket: int, opaque: int, seqno: int, persisted: int | None = None
+) -> bytes:
+    """DCP_SEQNO_ACKNOWLEDGED (0x61), consumer (a replica) -> producer (its active), with
+    the opaque of the stream it acknowledges: extras ``u64 seqno`` (the highest seqno held
+    in whole snapshots, Couchbase's 8-byte layout); our extension adds the highest
+    persisted seqno as an 8-byte value. No response on success."""
+    value = b"" if persisted is None else U64.pack(persisted)
+    return (
+        dcp_header(Opcode.DCP_SEQNO_ACKNOWLEDGED, 0, 8, 0, vbucket, 8 + len(value), opaque, 0)
+        + U64.pack(seqno)
+        + value
+    )
+
+
+def parse_seqno_acknowledged(frame: Frame) -> tuple[int, int | None]:
+    """``(seqno held, seqno persisted or None)`` of a DCP_SEQNO_ACKNOWLEDGED.
+
+    Raises:
+        RemoteProtocolError: extras not 8 bytes, a key, or a value not 0 or 8 bytes.
+    """
+    need_extras(frame, 8, "DCP_SEQNO_ACKNOWLEDGED")
+    if frame.key:
+        raise RemoteProtocolError("DCP_SEQNO_ACKNOWLEDGED carries no key")
+    value = frame.value
+    if len(value) not in (0, 8):
+        raise RemoteProtocolError(
+            f"DCP_SEQNO_ACKNOWLEDGED value of {len(value)} bytes (0 or 8: persisted seqno)"
+        )
+    seqno = U64.unpack_from(frame.extras)[0]
+    return seqno, (U64.unpack_from(value)[0] if value else None)
+
+
+@_refuses_out_of_range
 def dcp_set_vbucket_state(vbucket: int, opaque: int, state: int) -> bytes:
     """DCP_SET_VBUCKET_STATE (0x5b), producer -> consumer inside a takeover stream:
     1 byte of extras (the new state), no key, no value."""

@@ -84,6 +84,7 @@ class Opcode(IntEnum):
     DCP_NOOP = 0x5C
     DCP_BUFFER_ACK = 0x5D
     DCP_CONTROL = 0x5E
+    DCP_SEQNO_ACKNOWLEDGED = 0x61  # replica -> active: u64 seqno held (+ u64 persisted)
     DCP_SEQNO_ADVANCED = 0x64
     GET_CLUSTER_CONFIG = 0xB5  # value: the bucket config JSON clients route with
 
@@ -217,3 +218,6 @@ class DurabilityLevel(IntEnum):
     MAJORITY = 1
     MAJORITY_AND_PERSIST_TO_ACTIVE = 2
     PERSIST_TO_MAJORITY = 3
+    #: our extension (protocol_spec §durability): answered once persisted on the active
+    #: alone, whatever the replicas hold (Couchbase defines levels 0-3 only)
+    PERSIST_TO_ACTIVE = 4

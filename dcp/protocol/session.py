@@ -178,6 +178,18 @@ class ClientSession:
         the producer of a takeover waits for it before its next step."""
         return codec.response(Opcode.DCP_SET_VBUCKET_STATE, opaque=event.opaque)
 
+    def seqno_acknowledged(
+        self, vbucket: int, seqno: int, persisted: int | None = None
+    ) -> bytes | None:
+        """DCP_SEQNO_ACKNOWLEDGED for ``vbucket``'s accepted stream (its opaque, as the
+        producer requires), or None when no stream of this session streams it: an ack
+        under another opaque would be ignored. A replica sends it after applying a whole
+        snapshot and when its persisted seqno moves (protocol_spec/README.md §5.10)."""
+        for st in self.streams.values():
+            if st.vbucket == vbucket and st.state == STREAMING:
+                return codec.seqno_acknowledged(vbucket, st.opaque, seqno, persisted)
+        return None
+
     def probe(self) -> bytes:
         """A plain NOOP to see whether the server is alive (any answer will do)."""
         return codec.request(Opcode.NOOP, opaque=self.next_opaque())
