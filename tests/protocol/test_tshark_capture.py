@@ -14,6 +14,11 @@ Known dissector quirks we allow, each only on the frames where it is expected:
 - the ROLLBACK value, the STREAM_END extras and GET_VBUCKET's value are not decoded: we
   check their bytes instead; the 1-byte state extras of SET_VBUCKET_STATE and
   DCP_SET_VBUCKET_STATE are shown as raw "Unknown" extras (we compare those bytes);
+- DCP_SEQNO_ACKNOWLEDGED (0x61) is decoded with its 8-byte extras as ``by_seqno``; its
+  optional 8-byte value (the persisted seqno, our extension) gets the tree-only
+  "Trailing stray characters" like the binary values above: we check its bytes;
+- the durability frame info shows the level (our level 4 PERSIST_TO_ACTIVE as
+  "Unknown (4)", with no warning) but not the timeout after it: we check those bytes;
 - ``couchbase.opaque`` is shown little-endian: we never compare it.
 """
 
@@ -112,6 +117,10 @@ def exchange() -> list[Step]:
         s(codec.response(Opcode.DCP_CONTROL, opaque=3)),
         c(codec.dcp_control("connection_buffer_size", "1048576", 4), value="1048576"),
         s(codec.response(Opcode.DCP_CONTROL, opaque=4)),
+        c(codec.dcp_control("consumer_name", "n1", 22), value="n1"),
+        s(codec.response(Opcode.DCP_CONTROL, opaque=22)),
+        c(codec.dcp_control("stable_only", "true", 23), value="true"),
+        s(codec.response(Opcode.DCP_CONTROL, opaque=23)),
         c(codec.dcp_control("no_such_key", "true", 5)),
         s(
             codec.response(Opcode.DCP_CONTROL, Status.EINVAL, opaque=5, value=b"unknown key"),
@@ -216,6 +225,9 @@ def exchange() -> list[Step]:
             extras__by_seqno="6",
         ),
         s(codec.seqno_advanced(5, 0x2A, 9), extras__by_seqno="9"),
+        # A replica acknowledges the whole snapshot [6, 9]: held only, then with persisted.
+        c(codec.seqno_acknowledged(5, 0x2A, 9), extras__by_seqno="9"),
+        c(codec.seqno_acknowledged(5, 0x2A, 9, 6), (STRAY,), extras__by_seqno="9"),
         s(codec.stream_end(5, 0x2A, StreamEndStatus.OK)),
         c(codec.buffer_ack(4096), extras__bytes_to_ack="4096"),
         s(codec.request(Opcode.DCP_NOOP, opaque=77)),
@@ -293,6 +305,24 @@ def exchange() -> list[Step]:
         ),
         c(
             codec.request(
+                Opcode.SET,
+                vbucket=115,
+                opaque=24,
+                extras=codec.store_extras(),
+                key=b"foo",
+                value=b"qux",
+                framing_extras=codec.durability_frame_info(DurabilityLevel.PERSIST_TO_ACTIVE, 1500),
+            ),
+            flex_frame__frame__durability_req="4",
+        ),
+        s(
+            codec.response(
+                Opcode.SET, opaque=24, cas=0x9D, extras=codec.mutation_seqno_extras(UUID_A, 12)
+            ),
+            extras__mutation_seqno="12",
+        ),
+        c(
+            codec.request(
                 Opcode.ADD,
                 vbucket=115,
                 opaque=11,
@@ -330,9 +360,9 @@ def exchange() -> list[Step]:
         c(codec.request(Opcode.DELETE, vbucket=115, opaque=15, key=b"foo")),
         s(
             codec.response(
-                Opcode.DELETE, opaque=15, cas=0x9C, extras=codec.mutation_seqno_extras(UUID_A, 12)
+                Opcode.DELETE, opaque=15, cas=0x9C, extras=codec.mutation_seqno_extras(UUID_A, 13)
             ),
-            extras__mutation_seqno="12",
+            extras__mutation_seqno="13",
         ),
         c(
             codec.set_vbucket_state(
@@ -548,9 +578,18 @@ def _captured_frames(pcap: Path, port: int, display_filter: str) -> list:
 
 
 def test_values_tshark_does_not_decode_are_right_on_the_wire(captured):
-    """Quirk 4: the ROLLBACK value, STREAM_END extras and GET_VBUCKET value, read from
-    the capture by us."""
+    """Quirks 4 to 6: the ROLLBACK value, STREAM_END extras, GET_VBUCKET value, the
+    persisted seqno of DCP_SEQNO_ACKNOWLEDGED and the durability timeouts, read from the
+    capture by us."""
     pcap, _, _, port = captured
+    acks = _captured_frames(pcap, port, "couchbase.opcode == 0x61")
+    assert [codec.parse_seqno_acknowledged(f) for f in acks] == [(9, None), (9, 6)]
+    assert [f.opaque for f in acks] == [0x2A, 0x2A]
+    durable = _captured_frames(pcap, port, "couchbase.opcode == 0x01 && couchbase.magic == 0x08")
+    assert [(codec.parse_durability(f), f.framing_extras[2:]) for f in durable] == [
+        (DurabilityLevel.PERSIST_TO_MAJORITY, codec.U16.pack(2500)),
+        (DurabilityLevel.PERSIST_TO_ACTIVE, codec.U16.pack(1500)),
+    ]
     (rollback,) = _captured_frames(
         pcap, port, "couchbase.opcode == 0x53 && couchbase.status == 0x23"
     )
