@@ -14,7 +14,8 @@ Rules of this module:
   credentials are the protocol's ``AuthenticationError``, a missing privilege its
   ``AccessDenied``: never retried. Server status errors of single KV operations are the protocol
   layer's ``StatusError`` family (``KeyNotFound``, ``KeyExists``, ``SyncWriteAmbiguous``
-  for a durable write whose outcome is unknown...), re-exported here.
+  for a durable write whose outcome is unknown, ``DurabilityImpossibleError`` for a
+  level the cluster has too few copies for...), re-exported here.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dcp.protocol.errors import (
     AccessDenied,
     AuthenticationError,
+    DurabilityImpossibleError,
     KeyExists,
     KeyNotFound,
     NotStored,
@@ -37,6 +39,7 @@ __all__ = [
     "ConnectionLostError",
     "DcpClientError",
     "DeadConnectionError",
+    "DurabilityImpossibleError",
     "InvalidOffsetError",
     "KeyExists",
     "KeyNotFound",

@@ -13,13 +13,16 @@ Rules of this module:
   order); the nodes of a batch are asked concurrently (``kv_execute.py``). Single
   operations are batches of one. Any number of tasks may use one client concurrently.
 - A write returns ``MutationResult`` (CAS, and vb_uuid + seqno when the server reports
-  them: HELLO MutationSeqno), once the write is in the server's memory. ``durable=True``
-  sends alt framing (magic 0x08) and a durability frame info of level
-  PERSIST_TO_MAJORITY whose timeout is the time the client will still wait, less a
-  margin, rewritten per attempt (``kv_requests.py``). The server answers once the write
-  is persisted or, at that deadline, with SYNC_WRITE_AMBIGUOUS, raised as
-  ``SyncWriteAmbiguous``: the write was applied but may not be persisted. It is never
-  retried here; the caller reads the document or repeats an idempotent write.
+  them: HELLO MutationSeqno), once the write is in the server's memory. A durable
+  write (``durability=`` a level other than none, or ``durable=True``: persisted on
+  the active) sends alt framing (magic 0x08) and a durability frame info with the
+  level and, as timeout, the time the client will still wait less a margin, rewritten
+  per attempt (``kv_requests.py``; every frame of a batch carries it). The server
+  answers once the level holds or, at that deadline, with SYNC_WRITE_AMBIGUOUS, raised
+  as ``SyncWriteAmbiguous``: the write was applied but may not be durable. It is never
+  retried here; the caller reads the document or repeats an idempotent write. A level
+  the cluster map has too few copies for is refused with DURABILITY_IMPOSSIBLE
+  (``DurabilityImpossibleError``, nothing written, not retried).
 - Requests are encoded once with opaque 0 (``Op.frame``) and the opaque of each attempt
   is patched into the send buffer, so a retry re-sends the same bytes. The connection
   (``kv_connection.py``) matches answers by opaque straight from the received bytes.
@@ -43,8 +46,8 @@ import trio
 from dcp.protocol import codec
 from dcp.protocol.cluster_config import Address, ClusterConfig, ConfigError, parse_addresses
 from dcp.protocol.errors import for_status
-from dcp.protocol.layout import HDR_STORE, vbucket_for_key
-from dcp.protocol.opcodes import Opcode, Status
+from dcp.protocol.layout import vbucket_for_key
+from dcp.protocol.opcodes import DurabilityLevel, Opcode, Status
 
 from .errors import BatchWriteError, ClientClosedError, UsageError
 from .kv_connection import Op
@@ -56,8 +59,10 @@ from .kv_requests import (
     KvItems,
     doc_bytes,
     durability_info,
+    durability_level,
     get_request,
     key_bytes,
+    plain_sets,
 )
 from .kv_results import GetResult, MutationResult
 from .kv_router import KvRouter
@@ -66,7 +71,6 @@ from .security import resolve
 __all__ = ["KV_FEATURES", "DocValue", "KvClient", "KvItems"]
 
 Connector = Callable[[], Awaitable[trio.abc.Stream]]
-_SET = int(Opcode.SET)
 
 
 class KvClient:
@@ -174,11 +178,11 @@ class KvClient:
     def vbucket_for(self, key: str | bytes) -> int:
         return vbucket_for_key(key_bytes(key), self._router.num_vbuckets)
 
-    async def _execute(self, ops: list[Op], durable: bool = False) -> list[_Result]:
+    async def _execute(self, ops: list[Op], durable: int = 0) -> list[_Result]:
         """Run ``ops`` on their nodes, retrying until ``timeout`` (``kv_execute.py``)."""
         if self._state != "running":
             raise ClientClosedError("use the client inside `async with`, before it is closed")
-        return await execute(self._nodes, ops, self.timeout, durable)
+        return await execute(self._nodes, ops, self.timeout, bool(durable))
 
     def _store_op(
         self,
@@ -188,13 +192,13 @@ class KvClient:
         flags: int,
         expiry: int,
         cas: int,
-        durable: bool,
+        level: int,
     ) -> Op:
         k = key_bytes(key)
         v, dt = doc_bytes(value)
         vb = vbucket_for_key(k, self.num_vbuckets)
         extras = codec.store_extras(flags, expiry)
-        fe = durability_info(self.timeout) if durable else b""
+        fe = durability_info(level, self.timeout)
         return Op(
             opcode,
             k,
@@ -215,37 +219,13 @@ class KvClient:
     def _set_ops(
         self, pairs: Iterable[tuple[str | bytes, DocValue]], flags: int, expiry: int
     ) -> list[Op]:
-        """Plain SETs (no CAS, not durable) for ``set_many``: ``_store_op`` inlined."""
-        codec.store_extras(flags, expiry)  # range check once
-        nvb = self.num_vbuckets
-        head = HDR_STORE.pack
-        hash_key = vbucket_for_key
-        ops: list[Op] = []
-        append = ops.append
-        for key, value in pairs:
-            k = key if type(key) is bytes and 0 < len(key) <= 250 else key_bytes(key)
-            if type(value) is bytes:
-                v = value
-                dt = 0
-            else:
-                v, dt = doc_bytes(value)
-            vb = hash_key(k, nvb)
-            kl = len(k)
-            append(
-                Op(
-                    _SET,
-                    k,
-                    vb,
-                    head(0x80, _SET, kl, 8, dt, vb, 8 + kl + len(v), 0, 0, flags, expiry) + k + v,
-                    True,
-                )
-            )
-        return ops
+        """Plain SETs (no CAS, not durable) for ``set_many`` (``kv_requests.plain_sets``)."""
+        return plain_sets(pairs, flags, expiry, self.num_vbuckets)
 
-    def _delete_op(self, key: str | bytes, cas: int, durable: bool) -> Op:
+    def _delete_op(self, key: str | bytes, cas: int, level: int) -> Op:
         k = key_bytes(key)
         vb = vbucket_for_key(k, self.num_vbuckets)
-        fe = durability_info(self.timeout) if durable else b""
+        fe = durability_info(level, self.timeout)
         return Op(
             Opcode.DELETE,
             k,
@@ -269,14 +249,18 @@ class KvClient:
             return MutationResult(op.key, op.vbucket, r.cas)
         return MutationResult(op.key, op.vbucket, r.cas, ms[0], ms[1])
 
-    async def _one_write(self, op: Op, durable: bool) -> MutationResult:
-        (r,) = await self._execute([op], durable)
+    async def _one_write(self, op: Op, level: int) -> MutationResult:
+        (r,) = await self._execute([op], level)
         res = self._mutation_result(op, r)
         if isinstance(res, BaseException):
             raise res
         return res
 
     # ------------------------------------------------------------------ public API
+    # Every write takes ``durability``: a ``DurabilityLevel`` or its name ("none",
+    # "majority", "majorityAndPersistActive", "persistToMajority", "persistActive"; any
+    # case), or the older ``durable=True`` (= "persistActive"); not both (TypeError).
+    # An unknown name raises ``UsageError`` (a ValueError) before anything is sent.
 
     async def set(
         self,
@@ -286,11 +270,13 @@ class KvClient:
         flags: int = 0,
         expiry: int = 0,
         cas: int = 0,
-        durable: bool = False,
+        durable: bool | None = None,
+        durability: DurabilityLevel | str | None = None,
     ) -> MutationResult:
         """Create or replace ``key`` (with ``cas``: only if the CAS still matches)."""
+        lv = durability_level(durability, durable)
         return await self._one_write(
-            self._store_op(Opcode.SET, key, value, flags, expiry, cas, durable), durable
+            self._store_op(Opcode.SET, key, value, flags, expiry, cas, lv), lv
         )
 
     async def add(
@@ -300,11 +286,13 @@ class KvClient:
         *,
         flags: int = 0,
         expiry: int = 0,
-        durable: bool = False,
+        durable: bool | None = None,
+        durability: DurabilityLevel | str | None = None,
     ) -> MutationResult:
         """Create ``key``; raises ``KeyExists`` if it exists."""
+        lv = durability_level(durability, durable)
         return await self._one_write(
-            self._store_op(Opcode.ADD, key, value, flags, expiry, 0, durable), durable
+            self._store_op(Opcode.ADD, key, value, flags, expiry, 0, lv), lv
         )
 
     async def replace(
@@ -315,18 +303,26 @@ class KvClient:
         flags: int = 0,
         expiry: int = 0,
         cas: int = 0,
-        durable: bool = False,
+        durable: bool | None = None,
+        durability: DurabilityLevel | str | None = None,
     ) -> MutationResult:
         """Replace an existing ``key``; raises ``KeyNotFound`` if it does not exist."""
+        lv = durability_level(durability, durable)
         return await self._one_write(
-            self._store_op(Opcode.REPLACE, key, value, flags, expiry, cas, durable), durable
+            self._store_op(Opcode.REPLACE, key, value, flags, expiry, cas, lv), lv
         )
 
     async def delete(
-        self, key: str | bytes, *, cas: int = 0, durable: bool = False
+        self,
+        key: str | bytes,
+        *,
+        cas: int = 0,
+        durable: bool | None = None,
+        durability: DurabilityLevel | str | None = None,
     ) -> MutationResult:
         """Delete ``key``; raises ``KeyNotFound`` if it does not exist."""
-        return await self._one_write(self._delete_op(key, cas, durable), durable)
+        lv = durability_level(durability, durable)
+        return await self._one_write(self._delete_op(key, cas, lv), lv)
 
     async def get(self, key: str | bytes) -> GetResult:
         """Read ``key``; raises ``KeyNotFound`` if it does not exist."""
@@ -363,9 +359,11 @@ class KvClient:
         *,
         flags: int = 0,
         expiry: int = 0,
-        durable: bool = False,
+        durable: bool | None = None,
+        durability: DurabilityLevel | str | None = None,
     ) -> list[MutationResult]:
-        """Write many documents in one pipelined batch (one buffer, one ``send_all``).
+        """Write many documents in one pipelined batch (one buffer, one ``send_all``);
+        a durable batch carries its level on every request.
 
         Returns:
             one ``MutationResult`` per item, in input order.
@@ -373,25 +371,31 @@ class KvClient:
             BatchWriteError: some writes failed; ``.results`` has a result or an
                 exception per item.
         """
+        lv = durability_level(durability, durable)
         pairs = items.items() if isinstance(items, Mapping) else items
-        if durable:
-            ops = [self._store_op(Opcode.SET, k, v, flags, expiry, 0, durable) for k, v in pairs]
+        if lv:
+            ops = [self._store_op(Opcode.SET, k, v, flags, expiry, 0, lv) for k, v in pairs]
         else:
             ops = self._set_ops(pairs, flags, expiry)
-        return await self._write_many(ops, durable)
+        return await self._write_many(ops, lv)
 
     async def delete_many(
-        self, keys: Iterable[str | bytes], *, durable: bool = False
+        self,
+        keys: Iterable[str | bytes],
+        *,
+        durable: bool | None = None,
+        durability: DurabilityLevel | str | None = None,
     ) -> list[MutationResult]:
         """Delete many keys in one pipelined batch (see ``set_many`` for errors)."""
-        return await self._write_many([self._delete_op(k, 0, durable) for k in keys], durable)
+        lv = durability_level(durability, durable)
+        return await self._write_many([self._delete_op(k, 0, lv) for k in keys], lv)
 
-    async def _write_many(self, ops: list[Op], durable: bool = False) -> list[MutationResult]:
+    async def _write_many(self, ops: list[Op], level: int = 0) -> list[MutationResult]:
         if not ops:
             return []
         results = [
             self._mutation_result(op, r)
-            for op, r in zip(ops, await self._execute(ops, durable), strict=True)
+            for op, r in zip(ops, await self._execute(ops, level), strict=True)
         ]
         if any(isinstance(r, BaseException) for r in results):
             raise BatchWriteError(results)

@@ -18,6 +18,7 @@ __all__ = [
     "AccessDenied",
     "AuthenticationError",
     "DcpStreamIdInvalid",
+    "DurabilityImpossibleError",
     "InvalidArguments",
     "KeyExists",
     "KeyNotFound",
@@ -149,6 +150,12 @@ class SyncWriteAmbiguous(StatusError):
         super().__init__(status, f"{message}; {advice}" if message else advice, value)
 
 
+class DurabilityImpossibleError(StatusError):
+    """DURABILITY_IMPOSSIBLE: the vbucket's chain in the cluster map has too few copies
+    for the level asked (a majority level with replicas missing); nothing was written.
+    Retrying helps only once the map has the copies again."""
+
+
 class AuthenticationError(StatusError):
     """Authentication failed: the server answered AUTH_ERROR (bad user, password or
     mechanism), or the server's own SCRAM signature did not check out (``sasl.py``)."""
@@ -179,6 +186,7 @@ _BY_STATUS: dict[int, type[StatusError]] = {
     Status.EBUSY: TemporaryFailure,
     Status.DCP_STREAMID_INVALID: DcpStreamIdInvalid,
     Status.SYNC_WRITE_AMBIGUOUS: SyncWriteAmbiguous,
+    Status.DURABILITY_IMPOSSIBLE: DurabilityImpossibleError,
     Status.AUTH_ERROR: AuthenticationError,
     Status.EACCESS: AccessDenied,
 }

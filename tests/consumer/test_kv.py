@@ -89,7 +89,7 @@ async def test_set_many_is_pipelined_in_one_write(producer):
         assert r.vbucket == codec.vbucket_for_key(r.key, NUM_VB)
 
 
-async def test_durable_writes_use_alt_framing_with_persist_to_majority(producer):
+async def test_durable_writes_use_alt_framing_with_persist_to_active(producer):
     async with _kv(producer) as kv:
         await kv.set("d", b"1", durable=True)
         await kv.delete("d", durable=True)
@@ -97,11 +97,11 @@ async def test_durable_writes_use_alt_framing_with_persist_to_majority(producer)
     writes = [f for f in producer.frames if f.opcode in (Opcode.SET, Opcode.DELETE)]
     # frame info id 1 / length 3: the level and a u16 timeout (tests/consumer/test_kv_durable.py)
     assert [(f.magic, bytes(f.framing_extras)[:2]) for f in writes] == [
-        (0x08, b"\x13\x03"),
-        (0x08, b"\x13\x03"),
+        (0x08, b"\x13\x04"),
+        (0x08, b"\x13\x04"),
         (0x80, b""),
     ]
-    assert codec.parse_durability(writes[0]) == 3
+    assert codec.parse_durability(writes[0]) == 4  # durable=True: PERSIST_TO_ACTIVE
 
 
 async def test_tmpfail_is_retried_and_batch_errors_are_reported_per_item(producer):

@@ -18,7 +18,7 @@ from dcp.consumer import BatchWriteError, KvClient, RetryTimeoutError, SyncWrite
 from dcp.consumer.kv_requests import durability_timeout_ms
 from dcp.producer.server import DcpServer, ServerConfig
 from dcp.protocol import FrameReader, codec
-from dcp.protocol.opcodes import FrameInfoId, Opcode, Status
+from dcp.protocol.opcodes import DurabilityLevel, FrameInfoId, Opcode, Status
 
 NUM_VB = 16
 
@@ -42,17 +42,17 @@ async def test_durable_requests_carry_the_client_timeout_in_their_frame_info(pro
     for vb in range(NUM_VB):
         producer.vb(vb)
     async with KvClient("127.0.0.1", producer.port, num_vbuckets=NUM_VB, timeout=2.0) as kv:
-        op = kv._store_op(Opcode.SET, "d", b"1", 0, 0, 0, True)
-        # alt magic, 4 bytes of framing extras: id 1 / length 3, level 3, 1800 ms (2 s - 10 %)
+        op = kv._store_op(Opcode.SET, "d", b"1", 0, 0, 0, DurabilityLevel.PERSIST_TO_ACTIVE)
+        # alt magic, 4 bytes of framing extras: id 1 / length 3, level 4, 1800 ms (2 s - 10 %)
         assert op.frame[0] == 0x08 and op.frame[2] == 4
-        assert op.frame[24:28] == b"\x13\x03\x07\x08"
+        assert op.frame[24:28] == b"\x13\x04\x07\x08"
         await kv.set("d", b"1", durable=True)
         await kv.delete("d", durable=True)
         await kv.set_many({"a": b"1", "b": b"2"}, durable=True)
     writes = [f for f in producer.frames if f.opcode in (Opcode.SET, Opcode.DELETE)]
     assert len(writes) == 4
     for f in writes:
-        assert f.magic == 0x08 and codec.parse_durability(f) == 3
+        assert f.magic == 0x08 and codec.parse_durability(f) == 4  # durable=True
         # sent at once: the whole 2 s are left, less the margin (and a little time spent)
         assert 1700 <= _timeout_of(f) <= 1800, _timeout_of(f)
 
