@@ -10,13 +10,18 @@ Rules of this module:
   checkpoint at ``take()`` time, so later deduplication cannot change what a marker
   promised. A disk backfill is one logical snapshot ``[first, P]``; memory items with
   seqno <= P are skipped afterwards, so the hand-over has no gap and no duplicate.
-- Memory snapshots are read as wire runs (``CheckpointManager.take_wire``): byte ranges
+- Memory snapshots are read as wire runs (``CheckpointManager.take_wire``, by
+  ``queue_memory`` in stream_queue.py, which also defines the queue entries): byte ranges
   of frames the checkpoint encoded once, copied into the send buffer with this stream's
   opaque patched in; flow control and the batch size still cut between frames. Streams
   that strip values (``no_value``) take items and encode each frame.
 - A stream ends with OK only after a snapshot reaching its end seqno is completely out:
   a memory snapshot when its last segment is written, a disk snapshot when the backfill
   says it is done (its items arrive in chunks while it is being sent).
+- A stable-only stream (control ``stable_only``) lets a snapshot marker, or a disk
+  snapshot's end, leave only once its seqno is stable: its ``StableGate``
+  (stable_gate.py) holds the entry at the head of the queue meanwhile. The gate is
+  chosen when the stream is created, from its connection's options then.
 - A TAKEOVER stream (``takeover`` set) hands its vbucket over once caught up
   (``is_caught_up``): ``fill`` asks its ``Takeover`` (takeover.py) for the next step
   when nothing else is ready, and ``release`` tells it the stream is gone.
@@ -41,14 +46,15 @@ from ..protocol import codec
 from ..protocol.opcodes import SnapshotMarkerFlag, StreamEndStatus
 from . import stream_log
 from .engine.checkpoint import WireRun
-from .stream_frames import FrameWriter, StreamOptions, cut_segments
+from .stable_gate import StableGate
+from .stream_frames import FrameWriter, StreamOptions
+from .stream_queue import BACKFILL_DONE, Marker, queue_memory
 
 __all__ = ["ActiveStream", "StreamOptions", "StreamState"]
 
 log = logging.getLogger("dcp.stream")
 
 _DISK = int(SnapshotMarkerFlag.DISK)
-_TAKE_ITEMS = 4096
 
 
 class StreamState(Enum):
@@ -64,18 +70,6 @@ _ALLOWED = {
     StreamState.IN_MEMORY: {StreamState.BACKFILLING, StreamState.DEAD},
     StreamState.DEAD: set(),
 }
-
-
-class _Marker:
-    __slots__ = ("end", "flags", "start")
-
-    def __init__(self, start: int, end: int, flags: int) -> None:
-        self.start = start
-        self.end = end
-        self.flags = flags
-
-
-_BACKFILL_DONE = object()
 
 
 class ActiveStream:
@@ -115,7 +109,7 @@ class ActiveStream:
         self.cursor_drops = 0
         self.end_status: StreamEndStatus | None = None
         self._on_backfill = on_backfill
-        self._queue: deque[Any] = deque()  # _Marker | list[Item] | WireRun | _BACKFILL_DONE
+        self._queue: deque[Any] = deque()  # Marker | list[Item] | WireRun | BACKFILL_DONE
         self._writer = FrameWriter(self.vbid, opaque, options, start_seqno)  # + what is sent
         self._cur_end = 0  # snapshot end of the snapshot being sent
         self._cur_disk = False  # the snapshot being sent is a disk (backfill) snapshot
@@ -125,6 +119,8 @@ class ActiveStream:
         self.conn: Any = None
         #: the hand-over of a TAKEOVER stream (takeover.py), else None
         self.takeover: Any = None
+        #: holds snapshots above the stable seqno (stable-only streams), else None
+        self.gate = StableGate(self) if options.stable_only else None
 
     @property
     def items_sent(self) -> int:
@@ -220,7 +216,7 @@ class ActiveStream:
         flags = SnapshotMarkerFlag.DISK | (SnapshotMarkerFlag.HISTORY if self.history else 0)
         if may_contain_duplicates or self.history:
             flags |= SnapshotMarkerFlag.MAY_CONTAIN_DUPLICATES
-        self._queue.append(_Marker(start, end, int(flags)))
+        self._queue.append(Marker(start, end, int(flags)))
         self.last_read_seqno = max(self.last_read_seqno, min(end, self.end_seqno))
 
     def push_backfill_chunk(self, chunk: Any) -> None:
@@ -237,7 +233,7 @@ class ActiveStream:
 
     def push_backfill_done(self, disk_end: int) -> None:
         self.skip_until = max(self.skip_until, disk_end)
-        self._queue.append(_BACKFILL_DONE)
+        self._queue.append(BACKFILL_DONE)
 
     # ------------------------------------------------------------------ output
 
@@ -262,7 +258,7 @@ class ActiveStream:
                     return True
                 q = self._queue
                 if not self._cur_disk and (
-                    not q or q[0].__class__ is _Marker or q[0] is _BACKFILL_DONE
+                    not q or q[0].__class__ is Marker or q[0] is BACKFILL_DONE
                 ):
                     # the last segment of a memory snapshot: the snapshot is out
                     if self._cur_end > self.last_sent_seqno:
@@ -291,7 +287,10 @@ class ActiveStream:
                     continue  # a hand-over step: look again
                 return False
             entry = self._queue.popleft()
-            if entry.__class__ is _Marker:
+            if entry.__class__ is Marker:
+                if self.gate is not None and self.gate.holds(entry.end):
+                    self._queue.appendleft(entry)  # the whole snapshot waits, unread
+                    return False
                 frame = codec.snapshot_marker(
                     self.vbid, self.opaque, entry.start, entry.end, entry.flags
                 )
@@ -302,7 +301,13 @@ class ActiveStream:
                 if entry.end >= self.end_seqno and not self._queue:
                     # Marker of an empty final snapshot: nothing else to send.
                     self.set_end(StreamEndStatus.OK)
-            elif entry is _BACKFILL_DONE:
+            elif entry is BACKFILL_DONE:
+                # a disk end may announce its end (SEQNO_ADVANCED, or an OK end without
+                # a marker): never above the stable seqno either
+                gate = self.gate
+                if gate is not None and gate.holds(min(self.skip_until, self.end_seqno)):
+                    self._queue.appendleft(entry)
+                    return False
                 if self.backfill_bytes:  # everything pushed before it is out
                     self._backfill_sent(self.backfill_bytes)
                 if self.state is StreamState.BACKFILLING:
@@ -337,60 +342,17 @@ class ActiveStream:
             if self.state is not StreamState.IN_MEMORY or self.cursor is None:
                 return False  # the backfill task marks the stream ready when it has data
             cursor = self.cursor  # re-registered in memory: keep reading, or it stalls
-        skip = self.skip_until
-        end = self.end_seqno
-        q = self._queue
-        if self.options.no_value:
-            snaps = self.vbucket.checkpoints.take(cursor, _TAKE_ITEMS)
-            if not snaps:
-                return False
-            for snap in snaps:
-                items = snap.items
-                s_end = snap.end
-                if s_end <= skip:
-                    continue
-                if items and items[0].seqno <= skip:
-                    items = [it for it in items if it.seqno > skip]
-                if s_end > end:  # keep the real end in the marker (see push_backfill_marker)
-                    items = [it for it in items if it.seqno <= end]
-                if not items:
-                    continue
-                q.append(_Marker(items[0].seqno, s_end, int(snap.flags)))
-                q.append(items)
-                self.last_read_seqno = min(s_end, end)
-                if s_end >= end:
-                    break
-            return bool(q)
-        wsnaps = self.vbucket.checkpoints.take_wire(cursor, _TAKE_ITEMS)
-        if not wsnaps:
-            return False
-        for ws in wsnaps:
-            s_end = ws.end
-            if s_end <= skip:
-                continue
-            segs = ws.segments
-            if ws.start <= skip or s_end > end:
-                # keep (skip, end]; the marker keeps the real end (see push_backfill_marker)
-                segs = cut_segments(segs, skip, end)
-                if not segs:
-                    continue
-            first = segs[0]
-            start = first.seqno(0) if first.__class__ is WireRun else first.seqno
-            q.append(_Marker(start, s_end, ws.flags))
-            group: list[Any] | None = None
-            for seg in segs:
-                if seg.__class__ is WireRun:
-                    group = None
-                    q.append(seg)
-                elif group is None:
-                    group = [seg]
-                    q.append(group)
-                else:
-                    group.append(seg)
-            self.last_read_seqno = min(s_end, end)
-            if s_end >= end:
-                break
-        return bool(q)
+        last = queue_memory(
+            self.vbucket.checkpoints,
+            cursor,
+            self._queue,
+            self.skip_until,
+            self.end_seqno,
+            no_value=self.options.no_value,
+        )
+        if last:
+            self.last_read_seqno = last
+        return bool(self._queue)
 
     def _cursor_dropped(self) -> None:
         """Our memory cursor was dropped for memory: continue from disk, no gap."""
