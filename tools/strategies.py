@@ -57,10 +57,10 @@ stream_id_info = st.builds(
     lambda sid: [{"id": int(FrameInfoId.DCP_STREAM_ID), "stream_id": sid}], u16
 )
 durability_info = st.one_of(
-    st.builds(lambda lvl: [{"id": int(FrameInfoId.DURABILITY), "level": lvl}], st.integers(1, 3)),
+    st.builds(lambda lvl: [{"id": int(FrameInfoId.DURABILITY), "level": lvl}], st.integers(1, 4)),
     st.builds(
         lambda lvl, t: [{"id": int(FrameInfoId.DURABILITY), "level": lvl, "timeout_ms": t}],
-        st.integers(1, 3),
+        st.integers(1, 4),
         u16,
     ),
 )
@@ -151,6 +151,12 @@ KINDS: dict[str, st.SearchStrategy[dict]] = {
     "get_response_miss": resp(Opcode.GET, status=st.just(int(Status.KEY_ENOENT)), value=values),
     "dcp_stream_end": req(Opcode.DCP_STREAM_END, vbucket=u16, extras=_extras(status=u32)),
     "dcp_seqno_advanced": req(Opcode.DCP_SEQNO_ADVANCED, vbucket=u16, extras=_extras(seqno=u64)),
+    "dcp_seqno_acknowledged": req(
+        Opcode.DCP_SEQNO_ACKNOWLEDGED,
+        vbucket=u16,
+        extras=_extras(seqno=u64),
+        value=st.one_of(st.just(b""), _extras(persisted_seqno=u64)),
+    ),
     "dcp_open": req(
         Opcode.DCP_OPEN,
         extras=_extras(flags=u32),

@@ -130,6 +130,20 @@ CASES: list[tuple[str, str, str, dict]] = [
         "DCP_CONTROL: key = setting name, value = ASCII value (here enable_noop=true).",
         _req(Opcode.DCP_CONTROL, opaque=3, key=b"enable_noop", value=b"true"),
     ),
+    (
+        "dcp_control_request_stable_only",
+        C2S,
+        "DCP_CONTROL stable_only=true (our extension): every snapshot of this connection's "
+        "streams leaves only once its end is at or below the vbucket's stable seqno.",
+        _req(Opcode.DCP_CONTROL, opaque=22, key=b"stable_only", value=b"true"),
+    ),
+    (
+        "dcp_control_request_consumer_name",
+        C2S,
+        "DCP_CONTROL consumer_name=n1 (our extension): the node name a replica's "
+        "SEQNO_ACKNOWLEDGED frames on this connection speak for.",
+        _req(Opcode.DCP_CONTROL, opaque=23, key=b"consumer_name", value=b"n1"),
+    ),
     ("dcp_control_response", S2C, "DCP_CONTROL accepted.", _resp(Opcode.DCP_CONTROL, opaque=3)),
     (
         "dcp_control_response_einval",
@@ -317,6 +331,26 @@ CASES: list[tuple[str, str, str, dict]] = [
         _req(Opcode.DCP_SEQNO_ADVANCED, vbucket=5, opaque=0x2A, extras={"seqno": 12}),
     ),
     (
+        "dcp_seqno_acknowledged_request",
+        C2S,
+        "SEQNO_ACKNOWLEDGED (0x61), a replica to its active on the stream's opaque: 8-byte "
+        "extras = the highest seqno it holds in whole snapshots; no value, no reply.",
+        _req(Opcode.DCP_SEQNO_ACKNOWLEDGED, vbucket=5, opaque=0x2A, extras={"seqno": 9}),
+    ),
+    (
+        "dcp_seqno_acknowledged_request_persisted",
+        C2S,
+        "SEQNO_ACKNOWLEDGED with our extension: an 8-byte value = the highest seqno the "
+        "replica has persisted (at most the held seqno); no reply.",
+        _req(
+            Opcode.DCP_SEQNO_ACKNOWLEDGED,
+            vbucket=5,
+            opaque=0x2A,
+            extras={"seqno": 9},
+            value={"persisted_seqno": 6},
+        ),
+    ),
+    (
         "dcp_stream_end_request",
         S2C,
         "STREAM_END: 4-byte extras = reason (0 OK: end seqno reached).",
@@ -403,8 +437,9 @@ CASES: list[tuple[str, str, str, dict]] = [
         "set_request_durable",
         C2S,
         "Durable SET: alt magic 0x08 with the durability frame "
-        "info (id 1, level PERSIST_TO_MAJORITY, timeout 2500 ms); answered once persisted, "
-        "or SYNC_WRITE_AMBIGUOUS when the timeout passes first.",
+        "info (id 1, level PERSIST_TO_MAJORITY, timeout 2500 ms); answered once a majority "
+        "of the copies (the active among them) has persisted it, or SYNC_WRITE_AMBIGUOUS "
+        "when the timeout passes first.",
         _alt_req(
             Opcode.SET,
             vbucket=115,
@@ -414,6 +449,45 @@ CASES: list[tuple[str, str, str, dict]] = [
                     "id": FrameInfoId.DURABILITY,
                     "level": DurabilityLevel.PERSIST_TO_MAJORITY,
                     "timeout_ms": 2500,
+                }
+            ],
+            extras={"flags": 0, "expiration": 0},
+            key=b"foo",
+            value=b"bar",
+        ),
+    ),
+    (
+        "set_request_persist_to_active",
+        C2S,
+        "SET with durability level 4 PERSIST_TO_ACTIVE (our extension), no timeout: "
+        "answered once persisted on the active, whatever the replicas hold; the server's "
+        "durability_timeout applies.",
+        _alt_req(
+            Opcode.SET,
+            vbucket=115,
+            opaque=24,
+            framing_extras=[
+                {"id": FrameInfoId.DURABILITY, "level": DurabilityLevel.PERSIST_TO_ACTIVE}
+            ],
+            extras={"flags": 0, "expiration": 0},
+            key=b"foo",
+            value=b"bar",
+        ),
+    ),
+    (
+        "set_request_persist_to_active_timeout",
+        C2S,
+        "SET with durability level 4 PERSIST_TO_ACTIVE and a 1500 ms timeout (3-byte frame "
+        "info payload: level, uint16 ms); SYNC_WRITE_AMBIGUOUS if not persisted by then.",
+        _alt_req(
+            Opcode.SET,
+            vbucket=115,
+            opaque=25,
+            framing_extras=[
+                {
+                    "id": FrameInfoId.DURABILITY,
+                    "level": DurabilityLevel.PERSIST_TO_ACTIVE,
+                    "timeout_ms": 1500,
                 }
             ],
             extras={"flags": 0, "expiration": 0},

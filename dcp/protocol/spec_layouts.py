@@ -37,6 +37,7 @@ from construct import (
     Nibble,
     Pass,
     Rebuild,
+    Select,
     Struct,
     Switch,
     Terminated,
@@ -75,6 +76,8 @@ __all__ = [
     "MutationSeqnoExtras",
     "Require",
     "RollbackValue",
+    "SeqnoAcknowledgedExtras",
+    "SeqnoAcknowledgedValue",
     "SeqnoAdvancedExtras",
     "SnapshotMarkerV1Extras",
     "SnapshotMarkerV2Extras",
@@ -181,6 +184,7 @@ DeletionV2Extras = Struct(  # 21 B
 ExpirationExtras = Struct("by_seqno" / U64, "rev_seqno" / U64, "delete_time" / U32)  # 20 B
 BufferAckExtras = Struct("bytes_to_ack" / U32)  # 4 B
 SeqnoAdvancedExtras = Struct("seqno" / U64)  # 8 B
+SeqnoAcknowledgedExtras = Struct("seqno" / U64)  # 8 B: the seqno a replica holds (0x61)
 GetAllVbSeqnosExtras = Struct("vbucket_state" / U32)  # 4 B; 0 = every live vbucket
 GetAllVbSeqnosCollectionExtras = Struct("vbucket_state" / U32, "collection_id" / U32)  # 8 B
 StoreExtras = Struct("flags" / U32, "expiration" / U32)  # 8 B: SET, ADD, REPLACE requests
@@ -209,6 +213,8 @@ HelloFeatures = exact(GreedyRange(U16))
 VBucketStateValue = exact(Struct("state" / U32))  # GET_VBUCKET success: the state as a u32
 NO_VALUE = exact(Bytes(0))
 RAW = GreedyBytes
+#: DCP_SEQNO_ACKNOWLEDGED: empty, or our extension's u64 persisted seqno (exactly 8 bytes)
+SeqnoAcknowledgedValue = Select(exact(Struct("persisted_seqno" / U64)), NO_VALUE)
 
 # --------------------------------------------------------------------------- frame infos
 
@@ -347,6 +353,7 @@ REQUESTS: dict[int, tuple[dict[int, Construct], tuple[int, int], Construct]] = {
     Opcode.DCP_BUFFER_ACK: ({4: BufferAckExtras}, _NONE, NO_VALUE),
     Opcode.DCP_CONTROL: (_NO_EXTRAS, _NEEDED, RAW),  # key = setting, value = its value
     Opcode.DCP_SEQNO_ADVANCED: ({8: SeqnoAdvancedExtras}, _NONE, NO_VALUE),
+    Opcode.DCP_SEQNO_ACKNOWLEDGED: ({8: SeqnoAcknowledgedExtras}, _NONE, SeqnoAcknowledgedValue),
     Opcode.DCP_SET_VBUCKET_STATE: ({1: VBucketStateExtras}, _NONE, NO_VALUE),  # takeover
 }
 
@@ -390,6 +397,7 @@ RESPONSES: dict[int, tuple[dict[int, Construct], dict[int, Construct]]] = {
             Opcode.DCP_BUFFER_ACK,
             Opcode.DCP_CONTROL,
             Opcode.DCP_SEQNO_ADVANCED,
+            Opcode.DCP_SEQNO_ACKNOWLEDGED,  # only ever an error (EINVAL): no reply on success
             Opcode.SET_VBUCKET_STATE,
             Opcode.DCP_SET_VBUCKET_STATE,
             Opcode.GET_CLUSTER_CONFIG,  # value: the bucket config JSON

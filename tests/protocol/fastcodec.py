@@ -130,6 +130,10 @@ def encode(f: dict) -> bytes:
             return codec.stream_end(vb, opaque, ex["status"])
         if op == Opcode.DCP_SEQNO_ADVANCED:
             return codec.seqno_advanced(vb, opaque, ex["seqno"])
+        if op == Opcode.DCP_SEQNO_ACKNOWLEDGED:
+            assert cas == 0 and dt == 0 and not key
+            persisted = value["persisted_seqno"] if value else None
+            return codec.seqno_acknowledged(vb, opaque, ex["seqno"], persisted)
         if op == Opcode.DCP_OPEN:
             _zero(ex, "seqno")
             return codec.dcp_open(key, ex["flags"], opaque, value)
@@ -298,6 +302,9 @@ def _request_extras_value(fr: Frame) -> tuple[object, object]:
         return {"status": codec.parse_stream_end(fr)}, value
     if op == Opcode.DCP_SEQNO_ADVANCED:
         return {"seqno": codec.parse_seqno_advanced(fr)}, value
+    if op == Opcode.DCP_SEQNO_ACKNOWLEDGED:
+        held, persisted = codec.parse_seqno_acknowledged(fr)
+        return {"seqno": held}, (value if persisted is None else {"persisted_seqno": persisted})
     if op == Opcode.DCP_OPEN:
         _name, flags = codec.parse_open(fr)
         return {"seqno": codec.OPEN_EXTRAS.unpack(ex)[0], "flags": flags}, value

@@ -111,6 +111,7 @@ _TYPED = [
     (codec.parse_buffer_ack, 0x5D, 0x80, {4}),
     (codec.parse_stream_end, 0x55, 0x80, {4}),
     (codec.parse_seqno_advanced, 0x64, 0x80, {8}),
+    (codec.parse_seqno_acknowledged, 0x61, 0x80, {8}),
     (codec.parse_open, 0x50, 0x80, {8}),
     (codec.parse_stream_request, 0x53, 0x80, {48}),
     (codec.parse_store_extras, 0x01, 0x80, {8}),

@@ -60,6 +60,7 @@ def test_a_response_with_extras_its_opcode_does_not_have_fails_to_parse(opcode):
         (Opcode.DCP_EXPIRATION, 20, spec.ExpirationExtras),
         (Opcode.DCP_BUFFER_ACK, 4, spec.BufferAckExtras),
         (Opcode.DCP_SEQNO_ADVANCED, 8, spec.SeqnoAdvancedExtras),
+        (Opcode.DCP_SEQNO_ACKNOWLEDGED, 8, spec.SeqnoAcknowledgedExtras),
         (Opcode.GET_ALL_VB_SEQNOS, 4, spec.GetAllVbSeqnosExtras),
         (Opcode.SET, 8, spec.StoreExtras),
     ],

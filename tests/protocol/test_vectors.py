@@ -40,6 +40,12 @@ def test_there_is_a_vector_for_every_frame_kind_we_speak():
         "get_vbucket_response",
         "dcp_set_vbucket_state_request",
         "dcp_set_vbucket_state_response",
+        "dcp_seqno_acknowledged_request",
+        "dcp_seqno_acknowledged_request_persisted",
+        "dcp_control_request_stable_only",
+        "dcp_control_request_consumer_name",
+        "set_request_persist_to_active",
+        "set_request_persist_to_active_timeout",
     ):
         assert must in names
 
