@@ -11,7 +11,27 @@ import argparse
 
 from .output import CtlError
 
-__all__ = ["address", "check_vbuckets", "ranges_text", "split_address", "vb_id", "vb_list"]
+__all__ = [
+    "DURABILITY_LEVELS",
+    "address",
+    "check_vbuckets",
+    "durability_name",
+    "ranges_text",
+    "split_address",
+    "vb_id",
+    "vb_list",
+]
+
+#: ``--durability`` choices: the names ``KvClient`` takes (``kv_requests.LEVEL_NAMES``,
+#: spelled out here so that parsing arguments does not load the SDK and trio).
+DURABILITY_LEVELS = (
+    "none",
+    "majority",
+    "majorityAndPersistActive",
+    "persistToMajority",
+    "persistActive",
+)
+_LEVEL_BY_LOWER = {name.lower(): name for name in DURABILITY_LEVELS}
 
 
 def split_address(text: str) -> tuple[str, int]:
@@ -56,6 +76,12 @@ def vb_id(text: str) -> int:
     if not 0 <= vb <= 0xFFFF:
         raise argparse.ArgumentTypeError(f"{text!r} is not a vbucket id")
     return vb
+
+
+def durability_name(text: str) -> str:
+    """A ``--durability`` level in any case -> its spelling in ``DURABILITY_LEVELS``; an
+    unknown name is returned as given, for argparse's ``choices`` to refuse."""
+    return _LEVEL_BY_LOWER.get(text.lower(), text)
 
 
 def ranges_text(vbs: list[int] | set[int]) -> str:

@@ -31,7 +31,7 @@ import traceback
 from typing import Any
 
 from .access import add_options, resolve
-from .args import address, vb_id, vb_list
+from .args import DURABILITY_LEVELS, address, durability_name, vb_id, vb_list
 from .cluster_args import add_cluster_parser
 from .output import CtlError, Output
 
@@ -102,6 +102,20 @@ _INSPECT = "inspect_cmds:cmd_inspect"
 
 def _node_option(p: argparse.ArgumentParser, help_: str) -> None:
     p.add_argument("--node", metavar="NAME|HOST:PORT", help=help_)
+
+
+def _durability(p: argparse.ArgumentParser) -> None:
+    """``set``/``delete``: the level the answer waits for (docs/sdk.md has the table)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--durability",
+        type=durability_name,
+        choices=DURABILITY_LEVELS,
+        metavar="LEVEL",
+        help=f"answer once the write is durable at LEVEL: {', '.join(DURABILITY_LEVELS)} "
+        "(any case; default none)",
+    )
+    g.add_argument("--durable", action="store_true", help="same as --durability persistActive")
 
 
 def _one_node(p: argparse.ArgumentParser) -> None:
@@ -180,10 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("value")
     p.add_argument("--flags", type=int, default=0)
     p.add_argument("--expiry", type=int, default=0, help="seconds (<= 30 days) or epoch time")
-    p.add_argument("--durable", action="store_true", help="answer once persisted")
+    _durability(p)
     p = _command(sub, "delete", "kv:cmd_delete", "delete a document")
     p.add_argument("key")
-    p.add_argument("--durable", action="store_true", help="answer once persisted")
+    _durability(p)
     p = _command(
         sub, "set-state", "vbstate:cmd_set_state", "set the state of vbuckets (SET_VBUCKET_STATE)"
     )

@@ -7,6 +7,10 @@ Rules of this module:
   bootstrap list: it sends each key to its vbucket's active node and follows the map.
 - A missing key, a refused write or a timeout is one line on stderr and exit status 1;
   ``KvClient`` already retries what is retriable (within ``--timeout``).
+- ``--durability LEVEL`` (or ``--durable``, the same as ``persistActive``) is handed to
+  ``KvClient`` as is; the answer waits for that level, within ``--timeout``. A level the
+  cluster has too few copies for and an ambiguous outcome are one line each that says
+  what is known about the write.
 """
 
 from __future__ import annotations
@@ -14,7 +18,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..consumer import DcpClientError, KeyNotFound, KvClient, StatusError
+from ..consumer import (
+    DcpClientError,
+    DurabilityImpossibleError,
+    KeyNotFound,
+    KvClient,
+    StatusError,
+    SyncWriteAmbiguous,
+)
 from .access import sdk_options
 from .output import CtlError, Output, preview, value_doc
 from .remote import Remote
@@ -48,8 +59,23 @@ async def _run(args: argparse.Namespace, op: str, fn: Any) -> Any:
             return await fn(kv)
     except KeyNotFound:
         raise CtlError(f"key {args.key!r} not found") from None
+    except DurabilityImpossibleError:
+        raise CtlError(
+            f"{op} {args.key!r} refused: durability {_level(args)} needs more copies of the "
+            "vbucket than the cluster map has; nothing was written"
+        ) from None
+    except SyncWriteAmbiguous:
+        raise CtlError(
+            f"{op} {args.key!r} ambiguous: applied, but not known to be durable at "
+            f"{_level(args)} within --timeout; read the key to see what is there"
+        ) from None
     except (StatusError, DcpClientError) as exc:
         raise CtlError(f"{op} {args.key!r} failed: {exc}") from None
+
+
+def _level(args: argparse.Namespace) -> str | None:
+    """The level asked for: ``--durability``, or ``--durable`` (persistActive)."""
+    return args.durability or ("persistActive" if args.durable else None)
 
 
 def _result_doc(res: Any) -> dict[str, Any]:
@@ -86,7 +112,7 @@ async def cmd_set(args: argparse.Namespace, out: Output) -> int:
         args,
         "set",
         lambda kv: kv.set(
-            args.key, args.value, flags=args.flags, expiry=args.expiry, durable=args.durable
+            args.key, args.value, flags=args.flags, expiry=args.expiry, durability=_level(args)
         ),
     )
     doc = _result_doc(res)
@@ -98,7 +124,7 @@ async def cmd_set(args: argparse.Namespace, out: Output) -> int:
 
 
 async def cmd_delete(args: argparse.Namespace, out: Output) -> int:
-    res = await _run(args, "delete", lambda kv: kv.delete(args.key, durable=args.durable))
+    res = await _run(args, "delete", lambda kv: kv.delete(args.key, durability=_level(args)))
     doc = _result_doc(res)
     if out.json_mode:
         out.json(doc)
