@@ -18,10 +18,12 @@ Rules of this module:
   ``total_output_cap`` is enforced by ``limits.guard_output``, which closes the
   connections holding the most (output and buffered input, ``held_bytes``). A closed
   connection drops its queued output at once.
-- A durable write's response (``Pending``) waits in the queue until its seqno is
-  persisted or its deadline passes (then it becomes SYNC_WRITE_AMBIGUOUS, or ETMPFAIL
-  without XERROR); later responses wait behind it, never past that deadline. The writer
-  sleeps until the deadline of the entry that blocks it.
+- A durable write's response (``Pending``, sync_writes.py) waits in the queue until its
+  durability level holds, its vbucket leaves active here or its deadline passes (then
+  it becomes SYNC_WRITE_AMBIGUOUS, or ETMPFAIL without XERROR); later responses wait
+  behind it, never past that deadline. The writer sleeps until the deadline of the entry
+  that blocks it; while one waits the connection is in ``server.sync_waiters``, woken
+  whenever the durability monitor's seqnos move.
 - Limits are enforced by the third task, ``conn_timers.run_timers`` (idle and
   partial-frame timeouts, DCP noops).
 - Bad input never escapes this connection: a malformed frame gets EINVAL (or, when the
@@ -46,40 +48,18 @@ from ..protocol.server_session import ServerSession
 from .active_stream import ActiveStream, StreamOptions
 from .conn_timers import run_timers
 from .request_reader import read_requests
+from .sync_writes import NEEDS_LOCAL_PERSISTENCE, Pending, error_frame, settle
 
 if TYPE_CHECKING:
     from .dispatch import HandlerTable
     from .server import DcpServer
 
-__all__ = ["Connection", "Pending"]
+__all__ = ["Connection", "Pending", "error_frame"]
 
 log = logging.getLogger("dcp.conn")
 _ids = itertools.count(1)
 _CONTINUATION_STEP = 32 * 1024
 _NMVB = int(Status.NOT_MY_VBUCKET)
-
-
-def error_frame(opcode: int, status: int, opaque: int, message: str = "") -> bytes:
-    """An error response whose value carries a JSON error context (as memcached's
-    XERROR does) so operators and dissectors see why."""
-    value = codec.json_value({"error": {"context": message}}) if message else b""
-    return codec.response(opcode, status, opaque=opaque, value=value, datatype=1 if value else 0)
-
-
-class Pending:
-    """A response that may only be sent once ``vbid`` has persisted ``seqno``; at
-    ``deadline`` (trio time) ``late`` is sent instead."""
-
-    __slots__ = ("deadline", "frame", "late", "seqno", "vbid")
-
-    def __init__(
-        self, vbid: int, seqno: int, frame: bytes, deadline: float = math.inf, late: bytes = b""
-    ) -> None:
-        self.vbid = vbid
-        self.seqno = seqno
-        self.frame = frame
-        self.deadline = deadline
-        self.late = late
 
 
 class Connection:
@@ -122,6 +102,7 @@ class Connection:
         self._response_bytes = 0  # queued, not yet taken by the writer
         self._sending = 0  # the buffer the writer is sending
         self._pending_durable = 0  # Pending entries in the queue
+        self._pending_persist = 0  # those that wait for this node's persistence
         self._blocked_until = math.inf  # deadline of the Pending the writer waits on
         self.continuation: Iterator[bytes] | None = None
         #: when the first byte of the incomplete frame at the end of the input arrived
@@ -142,21 +123,37 @@ class Connection:
         self._response_bytes += len(frame)
         self._wake.set()
 
-    def respond_when_persisted(
-        self, vbid: int, seqno: int, frame: bytes, opcode: int, opaque: int, timeout: float
+    def respond_when_durable(
+        self,
+        vbid: int,
+        seqno: int,
+        level: int,
+        frame: bytes,
+        opcode: int,
+        opaque: int,
+        timeout: float,
     ) -> None:
-        """Queue ``frame`` for when ``seqno`` is persisted; ``timeout`` seconds from now
-        the answer becomes SYNC_WRITE_AMBIGUOUS (ETMPFAIL if the client did not ask for
-        extended errors): the write may or may not become durable."""
-        status = (
-            Status.SYNC_WRITE_AMBIGUOUS if HelloFeature.XERROR in self.features else Status.ETMPFAIL
+        """Queue ``frame`` for when the write of ``vbid`` at ``seqno`` holds at ``level``;
+        ``timeout`` seconds from now, or at once if the vbucket leaves active here, the
+        answer becomes SYNC_WRITE_AMBIGUOUS (ETMPFAIL if the client did not ask for
+        extended errors): the write may or may not become durable (sync_writes.py)."""
+        entry = Pending(
+            vbid,
+            seqno,
+            level,
+            self.server.durability.term(vbid),
+            frame,
+            opcode=opcode,
+            opaque=opaque,
+            timeout=timeout,
+            xerror=HelloFeature.XERROR in self.features,
         )
-        late = error_frame(
-            opcode, status, opaque, f"durability timeout: not persisted within {timeout:g} s"
-        )
-        self._responses.append(Pending(vbid, seqno, frame, trio.current_time() + timeout, late))
+        self._responses.append(entry)
         self._response_bytes += len(frame)
         self._pending_durable += 1
+        if level in NEEDS_LOCAL_PERSISTENCE:
+            self._pending_persist += 1
+        self.server.sync_waiters.add(self)
         self._wake.set()
 
     def announce_stream(self, stream: ActiveStream) -> None:
@@ -212,6 +209,7 @@ class Connection:
             self.closed = True
             self._responses.clear()  # a shed or stalled connection frees its output now
             self._response_bytes = self._sending = self._pending_durable = 0
+            self._pending_persist = 0
             self.continuation = None
             self._release_streams()
             self.server.connection_closed(self)
@@ -299,8 +297,6 @@ class Connection:
 
     def _take_responses(self, buf: bytearray, limit: int) -> None:
         q = self._responses
-        persisted = self.server.persistence.persisted_seqno
-        now = -1.0
         self._blocked_until = math.inf
         while q and len(buf) < limit:
             entry = q[0]
@@ -308,41 +304,28 @@ class Connection:
                 buf += entry
                 self._response_bytes -= len(entry)
             elif entry.__class__ is Pending:
-                if persisted(entry.vbid) >= entry.seqno:
-                    buf += entry.frame
-                else:
-                    if now < 0:
-                        now = trio.current_time()
-                    if now < entry.deadline:
-                        # later responses wait (answers stay in request order), but
-                        # only until this write's deadline: the writer wakes then
-                        self._blocked_until = entry.deadline
-                        break
-                    buf += entry.late
-                    self._durable_timed_out(entry)
+                answer = settle(self.server, entry, self.peer)
+                if answer is None:
+                    # later responses wait (answers stay in request order), but only
+                    # until this write's deadline: the writer wakes then
+                    self._blocked_until = entry.deadline
+                    break
+                buf += answer
                 self._response_bytes -= len(entry.frame)
                 self._pending_durable -= 1
+                if entry.level in NEEDS_LOCAL_PERSISTENCE:
+                    self._pending_persist -= 1
+                if not self._pending_durable:
+                    self.server.sync_waiters.discard(self)
             else:  # a stream whose OK response is now out: it may start sending
                 entry.announced = True
                 self.ready[entry] = None
             q.popleft()
 
-    def _durable_timed_out(self, entry: Pending) -> None:
-        metrics = self.server.metrics
-        if not metrics.durable_timeouts:
-            log.warning(
-                "durable write timed out id=%d peer=%s vb=%d seqno=%d (persisted "
-                "%d): answered ambiguous; counted in durable_write_timeouts",
-                self.id,
-                self.peer,
-                entry.vbid,
-                entry.seqno,
-                self.server.persistence.persisted_seqno(entry.vbid),
-            )
-        metrics.durable_timeouts += 1
-
     def has_pending_durable(self) -> bool:
-        return self._pending_durable > 0
+        """Whether a durable write waits for this node's persistence (the flusher
+        hurries and wakes this connection after each flush; persistence.py)."""
+        return self._pending_persist > 0
 
     async def _send(self, data: bytes | bytearray) -> None:
         """Write ``data``; while it is being written it counts as unsent output."""

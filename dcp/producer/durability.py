@@ -32,8 +32,9 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from ..protocol.opcodes import DurabilityLevel
+from ..protocol.opcodes import DurabilityLevel, VBucketState
 
 __all__ = ["DurabilityMonitor"]
 
@@ -47,6 +48,19 @@ _PERSIST_TO_ACTIVE = int(DurabilityLevel.PERSIST_TO_ACTIVE)
 _MAJORITY_LEVELS = frozenset((_MAJORITY, _MAJORITY_AND_PERSIST, _PERSIST_TO_MAJORITY))
 
 Wake = Callable[[], None]
+
+
+class _VBucket(Protocol):
+    """What ``of_vbuckets`` reads of an engine vbucket."""
+
+    @property
+    def high_seqno(self) -> int: ...
+
+    @property
+    def persisted_seqno(self) -> int: ...
+
+    @property
+    def state(self) -> VBucketState: ...
 
 
 def _kth_largest(values: list[int], k: int) -> int:
@@ -107,6 +121,18 @@ class DurabilityMonitor:
         #: how a ``wait_stable`` already due when registered gets called later (the
         #: server: trio's ``run_sync_soon``); None: at the next re-evaluation
         self.call_soon: Callable[[Wake], None] | None = None
+
+    @classmethod
+    def of_vbuckets(cls, node_name: str, vbuckets: Sequence[_VBucket]) -> DurabilityMonitor:
+        """A monitor reading the engine's vbuckets (their seqnos and states) directly."""
+        active = VBucketState.ACTIVE
+        return cls(
+            node_name,
+            len(vbuckets),
+            high_seqno=lambda vb: vbuckets[vb].high_seqno,
+            persisted_seqno=lambda vb: vbuckets[vb].persisted_seqno,
+            is_active=lambda vb: vbuckets[vb].state is active,
+        )
 
     # ------------------------------------------------------------------ topology
 
@@ -234,6 +260,10 @@ class DurabilityMonitor:
             self._acks[vb].pop(node, None)
 
     # ------------------------------------------------------------------ states
+
+    def is_active(self, vb: int) -> bool:
+        """Whether ``vb`` is active on this node now."""
+        return self._is_active(vb)
 
     def term(self, vb: int) -> int:
         """Bumped whenever ``vb`` stops being active here: a durable write waiting since

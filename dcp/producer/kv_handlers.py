@@ -5,11 +5,15 @@ Rules of this module:
 - Handlers are synchronous: parse (peer input -> ``RemoteProtocolError`` -> EINVAL by the
   caller), call the engine, queue exactly one response (STAT: a sequence ending with an
   empty one). Engine outcomes arrive as ``StatusError`` and become that status.
-- A durable write (durability frame info, a persist level) is answered only once its
-  seqno is persisted (``Connection.respond_when_persisted``), or at its deadline: the
-  frame info's timeout (ms, 0 = default) or ``durability_timeout``, after which it is
-  SYNC_WRITE_AMBIGUOUS (ETMPFAIL without XERROR). The reserved timeout 0xFFFF is
-  DURABILITY_INVALID_LEVEL, as memcached answers it.
+- A durable write (durability frame info, levels 1-4) is refused before anything is
+  written when its level is undefined (DURABILITY_INVALID_LEVEL; so is the reserved
+  timeout 0xFFFF, as memcached answers it) or when the vbucket's chain has too few copies
+  for it (DURABILITY_IMPOSSIBLE, ``DurabilityMonitor.possible``). Otherwise it is applied
+  like any write and answered at once if its level already holds (MAJORITY on a single
+  node), else when it does (``Connection.respond_when_durable``, sync_writes.py), or
+  SYNC_WRITE_AMBIGUOUS (ETMPFAIL without XERROR) at its deadline: the frame info's
+  timeout (ms, 0 = default) or ``durability_timeout``; at once if the vbucket leaves
+  active here meanwhile.
 - STAT answers are produced lazily (``stats.stat_units`` through
   ``Connection.continue_with``): a group over every vbucket is encoded in steps.
 - Writes are refused with ETMPFAIL while storage is failing or checkpoint memory is far
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from ..protocol import codec
 from ..protocol.errors import RemoteProtocolError, StatusError
-from ..protocol.frames import Frame, parse_frame_infos
+from ..protocol.frames import Frame
 from ..protocol.layout import (
     HDR_MUTATION_SEQNO,
     HDR_STORE,
@@ -47,14 +51,13 @@ from ..protocol.layout import (
 )
 from ..protocol.opcodes import (
     Datatype,
-    DurabilityLevel,
-    FrameInfoId,
     HelloFeature,
     Opcode,
     Status,
     VBucketState,
 )
 from .stats import Pairs, stat_units
+from .sync_writes import answer_write, durability_possible, requested_durability
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -70,10 +73,6 @@ _SUPPORTED_FEATURES = {
     HelloFeature.ALT_REQUEST_SUPPORT,
     HelloFeature.TCPNODELAY,
 }
-_PERSIST_LEVELS = (
-    DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
-    DurabilityLevel.PERSIST_TO_MAJORITY,
-)
 _SET = int(Opcode.SET)
 _ADD = int(Opcode.ADD)
 _REPLACE = int(Opcode.REPLACE)
@@ -159,63 +158,24 @@ def _writable(conn: Connection, f: Frame) -> bool:
     return True
 
 
-def _durability(f: Frame) -> tuple[int, int]:
-    """(level, timeout in ms; 0 = the server default) of the frame's durability info.
-    ``codec.parse_durability`` validates the frame infos and the payload size."""
-    level = codec.parse_durability(f)
-    if level == DurabilityLevel.NONE:
-        return level, 0
-    for fid, data in parse_frame_infos(f.framing_extras):
-        if fid == FrameInfoId.DURABILITY:
-            return level, codec.U16.unpack_from(data, 1)[0] if len(data) == 3 else 0
-    return level, 0
-
-
-def _finish_write(conn: Connection, f: Frame, vbid: int, result: MutationResult) -> None:
-    level, timeout_ms = _durability(f)
+def _finish_write(
+    conn: Connection, f: Frame, vbid: int, result: MutationResult, durability: tuple[int, int]
+) -> None:
     frame = _write_response(conn, f, result)
     conn.server.metrics.op(f.opcode)
-    if level in _PERSIST_LEVELS:
-        timeout = timeout_ms / 1000 if timeout_ms else conn.server.config.durability_timeout
-        conn.respond_when_persisted(
-            vbid,
-            result.seqno,
-            frame,
-            f.opcode,
-            f.opaque,
-            timeout,
-        )
-        conn.server.persistence.want_flush()
-    else:  # NONE and MAJORITY (one node: the write is in memory, as a majority's is)
-        conn.respond(frame)
-
-
-def _durability_ok(conn: Connection, f: Frame) -> bool:
-    level, timeout_ms = _durability(f)
-    if level > DurabilityLevel.PERSIST_TO_MAJORITY:
-        conn.error(
-            f.opcode,
-            Status.DURABILITY_INVALID_LEVEL,
-            f.opaque,
-            f"durability level {level} is not defined",
-        )
-        return False
-    if timeout_ms == 0xFFFF:
-        conn.error(
-            f.opcode,
-            Status.DURABILITY_INVALID_LEVEL,
-            f.opaque,
-            "durability timeout 0xffff is reserved",
-        )
-        return False
-    return True
+    answer_write(conn, f, vbid, result.seqno, frame, durability)
 
 
 def store(conn: Connection, f: Frame) -> None:
     """SET (upsert), ADD (only if absent), REPLACE (only if present); CAS-checked."""
     key = _check_key(f)
     flags, expiry = codec.parse_store_extras(f)
-    if not _routed(conn, f, key) or not _durability_ok(conn, f) or not _writable(conn, f):
+    if not _routed(conn, f, key):
+        return
+    durability = requested_durability(conn, f)
+    if durability is None or not _writable(conn, f):
+        return
+    if not durability_possible(conn, f, durability[0]):
         return
     bucket = conn.server.bucket
     op = {_SET: bucket.set, _ADD: bucket.add, _REPLACE: bucket.replace}[f.opcode]
@@ -232,7 +192,7 @@ def store(conn: Connection, f: Frame) -> None:
     except StatusError as exc:
         conn.error(f.opcode, exc.status, f.opaque, str(exc))
         return
-    _finish_write(conn, f, f.vbucket, result)
+    _finish_write(conn, f, f.vbucket, result, durability)
 
 
 def set_run(
@@ -309,14 +269,19 @@ def delete(conn: Connection, f: Frame) -> None:
     key = _check_key(f)
     if f.extras:
         raise RemoteProtocolError("DELETE must not have extras")
-    if not _routed(conn, f, key) or not _durability_ok(conn, f) or not _writable(conn, f):
+    if not _routed(conn, f, key):
+        return
+    durability = requested_durability(conn, f)
+    if durability is None or not _writable(conn, f):
+        return
+    if not durability_possible(conn, f, durability[0]):
         return
     try:
         result = conn.server.bucket.delete(f.vbucket, key, cas=f.cas)
     except StatusError as exc:
         conn.error(f.opcode, exc.status, f.opaque, str(exc))
         return
-    _finish_write(conn, f, f.vbucket, result)
+    _finish_write(conn, f, f.vbucket, result, durability)
 
 
 def get(conn: Connection, f: Frame) -> None:

@@ -59,9 +59,14 @@ class ServerMetrics:
         self.durable_timeouts = 0
         #: Replica vbuckets rolled back because their source answered ROLLBACK.
         self.replica_rollbacks = 0
+        #: Durable writes by (level, outcome): ok, ambiguous, impossible.
+        self.sync_writes: Counter[tuple[int, str]] = Counter()
 
     def op(self, opcode: int) -> None:
         self.ops[opcode] += 1
+
+    def sync_write(self, level: int, outcome: str) -> None:
+        self.sync_writes[level, outcome] += 1
 
     def bytes_sent(self, n: int) -> None:
         self.bytes_out += n

@@ -13,8 +13,11 @@ Rules of this module:
 - Storage failures never crash the server: writes get ETMPFAIL meanwhile
   (``storage_error``), the flusher retries with backoff, items stay queued.
 - Connections are seen only as ``DurableWaiter``s: the flusher wakes those with a durable
-  write waiting when a flush advanced a persisted seqno, and keeps its interval short
-  while one waits.
+  write waiting for this node's persistence when a flush advanced a persisted seqno, and
+  keeps its interval short while one waits.
+- Flush listeners (``add_flush_listener``: the durability monitor, the replication
+  manager's acks) are called after every successful flush transaction, on the trio
+  thread; one that raises is logged and the others still run.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ _FINAL_FLUSH_GROWTHS = 8
 
 
 class DurableWaiter(Protocol):
-    """What the flusher needs of a connection: does a durable write wait, wake it."""
+    """What the flusher needs of a connection: does a durable write wait for this node's
+    persistence (``has_pending_durable``), wake it."""
 
     def has_pending_durable(self) -> bool: ...
 
@@ -73,8 +77,14 @@ class Persistence:
         self._lock = trio.Lock()
         self._flush_event = trio.Event()
         self._durable_event = trio.Event()
+        self._flush_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ signals
+
+    def add_flush_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` after every successful flush transaction (persisted seqnos may
+        have moved)."""
+        self._flush_listeners.append(fn)
 
     def wake(self) -> None:
         """New items are queued: a flusher idle for lack of work looks again now."""
@@ -143,6 +153,11 @@ class Persistence:
             for waiter in list(self.waiters):
                 if waiter.has_pending_durable():
                     waiter.wake()
+        for fn in self._flush_listeners:
+            try:
+                fn()
+            except Exception:  # a listener's bug must not stop the flusher
+                log.exception("flush listener %r failed", fn)
         return True
 
     async def flush_all(self) -> None:

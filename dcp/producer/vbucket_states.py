@@ -15,6 +15,10 @@ Rules of this module:
 - The sources of replica vbuckets are remembered in ``replication.json`` in the data
   directory (written by the ``run`` task, at most every 0.2 s, atomically), so a
   replica keeps following its source after a restart; ``--replica-of`` overrides it.
+- Every state change is told to the durability monitor (``server.durability.
+  state_changed``): a vbucket that left active drops its replicas' acks and starts a new
+  term, so the durable writes waiting on it are answered ambiguous at once. A takeover
+  changes the engine state itself and then records it through ``set``, which tells it too.
 - Options of SET_VBUCKET_STATE are our extension (protocol_spec/README.md): ``source``
   ("HOST:PORT") and ``takeover`` (true). Anything else is EINVAL.
 """
@@ -140,6 +144,7 @@ class VBucketStates:
         self._assignment[vb] = Assignment(state, source, takeover)
         self._dirty.set()
         self._reconcile()
+        self._server.durability.state_changed(vb)  # a takeover set the state itself
 
     def assign(self, assignment: Mapping[int, Assignment]) -> int:
         """The cluster map's assignment (cluster/agent.py): every vbucket given takes its
@@ -187,6 +192,7 @@ class VBucketStates:
         changed = self._server.bucket.vbucket(vb).set_state(state, takeover=takeover)
         if not changed:
             return
+        self._server.durability.state_changed(vb)
         log.info("vb %d is now %s%s", vb, state.name.lower(), " (takeover)" if takeover else "")
         if takeover and state == VBucketState.ACTIVE:
             self._assignment[vb] = Assignment(VBucketState.ACTIVE)

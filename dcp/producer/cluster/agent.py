@@ -14,9 +14,10 @@ Rules of this module:
   reconciled into ``VBucketStates`` in one batch (cluster/reconcile.py has the rules),
   and so is the same map every ``DRIFT_TICKS`` reads: states changed outside the map,
   or a vbucket a change skipped while it rolled back, are put right without waiting for
-  the next map. A map that does not decode, or is for another vbucket count, is logged
-  and ignored. etcd away: the last map stays in force and the lease decides whether
-  writes continue (membership's fencing).
+  the next map. Each new map's chains go to the durability monitor (``server.durability.
+  set_topology``: majority durability counts them). A map that does not decode, or is
+  for another vbucket count, is logged and ignored. etcd away: the last map stays in
+  force and the lease decides whether writes continue (membership's fencing).
 - The write gate: ``writes_allowed()`` is false while membership says the lease may
   have lapsed, and until the node has read a map that names it (a node never placed,
   or one that may have been failed over while away, takes no write). The KV write
@@ -251,6 +252,8 @@ class ClusterAgent:
         else:
             log.info("cluster: map rev %d", revision)
         self.vbmap, self.revision = vbmap, revision
+        # the chains by node name: what majority durability counts (durability.py)
+        self.server.durability.set_topology([vbmap.names(vb) for vb in range(vbmap.num_vbuckets)])
         return True
 
     def _refresh_config(self) -> None:
