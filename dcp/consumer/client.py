@@ -115,6 +115,10 @@ class DcpClient:
             while it qualifies); otherwise from the active.
         config_poll_interval: seconds between config polls in a cluster (moves that end
             no stream are followed this way).
+        stable_only: receive only whole snapshots no single node failure can roll back
+            (at or below each vbucket's stable seqno; docs/sdk.md, "Stable-only
+            streams"); a server that refuses it fails the client. Not with
+            ``prefer_replica``.
     """
 
     def __init__(
@@ -152,6 +156,7 @@ class DcpClient:
         prefer_replica: bool = False,
         max_replica_lag: int = 1000,
         config_poll_interval: float = 2.5,
+        stable_only: bool = False,
     ) -> None:
         addresses = bootstrap(host, port, connector)
         security = resolve(
@@ -190,6 +195,7 @@ class DcpClient:
             prefer_replica=prefer_replica,
             max_replica_lag=max_replica_lag,
             config_poll_interval=config_poll_interval,
+            stable_only=stable_only,
         )
         for addr_host, _ in addresses[1:]:  # a PLAIN password goes to every node
             check_plain(addr_host, security.credentials, security.tls)

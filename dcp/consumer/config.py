@@ -53,6 +53,8 @@ class ConnectionConfig:
     max_body_size: int
     #: authenticate after HELLO as this user (None: do not authenticate)
     credentials: Credentials | None = None
+    #: send DCP_CONTROL ``stable_only=true`` at every handshake (refused: an error)
+    stable_only: bool = False
 
 
 @dataclass(slots=True)
@@ -125,6 +127,7 @@ def settings(
     prefer_replica: bool = False,
     max_replica_lag: int = 1000,
     config_poll_interval: float = 2.5,
+    stable_only: bool = False,
 ) -> ClientSettings:
     """Validate ``DcpClient``'s arguments (raises ``UsageError``). ``security``
     (``security.resolve``): TLS wraps whatever ``connector`` opens."""
@@ -141,6 +144,11 @@ def settings(
         raise UsageError("cluster=False streams from one address; a list was given")
     if cluster and connect_to is None:
         raise UsageError("cluster=True needs host addresses, not a connector")
+    if stable_only not in (True, False):
+        raise UsageError(f"stable_only must be True or False, not {stable_only!r}")
+    if stable_only and prefer_replica:
+        # the stable seqno is known only where the vbucket is active (a replica's is 0)
+        raise UsageError("stable_only=True streams from actives only: drop prefer_replica")
     if type(max_replica_lag) is not int or max_replica_lag < 0:
         raise UsageError(f"max_replica_lag must be an int >= 0, not {max_replica_lag!r}")
     if not 0.1 <= config_poll_interval <= 3600:
@@ -198,6 +206,7 @@ def settings(
         max_queue_bytes=max_queue_bytes,
         max_body_size=max_body_size,
         credentials=security.credentials if security is not None else None,
+        stable_only=bool(stable_only),
     )
     return ClientSettings(conn, connector, vbs, start_from, explicit, routing)
 

@@ -9,7 +9,9 @@ Rules of this module:
 - Bootstrap is pipelined in one write; with credentials HELLO goes alone, then SASL, then
   the rest (a server with authentication on refuses DCP_OPEN before). ``dcp=False``: HELLO
   (and SASL) only, a connection for KV requests that never replaces a DCP connection of
-  the client's name. A refused control degrades gracefully.
+  the client's name. A refused control degrades gracefully, except ``stable_only``:
+  a consumer that asked for stable-only streams must never be handed a normal one, so
+  its refusal is an error naming the option and the server's reason.
 - A retriable refusal (ETMPFAIL...) is raised as ``ConnectionLostError`` (transient); a
   server that does not know GET_CLUSTER_CONFIG is a single node (None).
 """
@@ -26,7 +28,7 @@ from dcp.protocol.opcodes import DcpOpenFlag, HelloFeature, Opcode, Status
 
 from .errors import ConnectionLostError
 from .offset import FailoverLog
-from .security import authenticate
+from .security import authenticate, server_reason
 
 if TYPE_CHECKING:
     from dcp.protocol.flow_control import FlowControl
@@ -72,6 +74,8 @@ class Requests:
         ]
         if cfg.include_expirations:
             controls.append(("enable_expiry_opcode", "true"))
+        if cfg.stable_only:
+            controls.append(("stable_only", "true"))
         o = self.next_opaque()
         reqs = [(o, codec.hello(cfg.agent, [int(f) for f in HELLO_FEATURES], opaque=o))]
         frames: list[Frame] = []
@@ -96,6 +100,8 @@ class Requests:
             self.probe_after = cfg.noop_interval
         if cfg.buffer_size and not ok["connection_buffer_size"]:
             self.fc.enabled = False
+        if cfg.stable_only and not ok["stable_only"]:
+            _stable_only_refused(frames[2 + [k for k, _ in controls].index("stable_only")])
 
     async def _ask(self, build: Callable[[int], bytes]) -> tuple[int, bytes]:
         """One request of the SASL exchange and its answer (``security.Ask``)."""
@@ -141,6 +147,21 @@ class Requests:
                 raise for_status(f.status, bytes(f.value), f"GET_FAILOVER_LOG vb {vb} refused")
             out[vb] = tuple(codec.parse_failover_log(bytes(f.value)))
         return out
+
+
+def _stable_only_refused(f: Frame) -> None:
+    """Raise for a refused ``stable_only`` control (a retriable status as transient)."""
+    value = bytes(f.value)
+    reason = server_reason(value) or "no reason given"
+    err = for_status(
+        f.status,
+        value,
+        f"stable_only=True: the server refused DCP_CONTROL stable_only=true ({reason}); "
+        "it cannot send stable-only streams",
+    )
+    if err.retriable:
+        raise ConnectionLostError(str(err)) from err
+    raise err
 
 
 def _check_answer(what: str, f: Frame, authenticated: bool) -> None:

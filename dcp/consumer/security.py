@@ -49,6 +49,7 @@ __all__ = [
     "closed_message",
     "mechanism_name",
     "resolve",
+    "server_reason",
     "tls_failure",
 ]
 
@@ -226,12 +227,12 @@ async def authenticate(ask: Ask, creds: Credentials) -> None:
             raise AuthenticationError(message=f"authentication as {who} failed: {exc}") from exc
         return
     if status == Status.AUTH_ERROR:
-        detail = _detail(value) or "wrong user name or password"
+        detail = server_reason(value) or "wrong user name or password"
         raise AuthenticationError(message=f"authentication as {who} refused: {detail}", value=value)
-    raise for_status(status, value, f"SASL authentication as {who}: {_detail(value)}")
+    raise for_status(status, value, f"SASL authentication as {who}: {server_reason(value)}")
 
 
-def _detail(value: bytes) -> str:
+def server_reason(value: bytes) -> str:
     """The server's reason: its JSON error context (XERROR style) or the plain text."""
     try:
         return str(json.loads(value)["error"]["context"])[:200]
