@@ -16,7 +16,8 @@ itself, then stream-memory and stream-disk at the same size, without the Redis p
 server, and SCRAM/PLAIN logins per second; ``tls.py``), and ``cluster`` (not part of
 ``all``: failover time and rebalance rate of a cluster on etcd; ``cluster.py``), and
 ``scale`` (not part of ``all``: ingest and stream-memory on one node against two;
-``scale.py``).
+``scale.py``), and ``durability`` (not part of ``all``: write throughput and latency at
+each durability level on a 3-node cluster beside Redis ``WAIT 1``; ``durability.py``).
 Each starts its own servers on loopback ports (ours: ``dcp-server --port 0`` as a
 subprocess; the peer: ``redis-server`` on a free port with persistence off), runs ours and
 the peer alternately for ``--reps`` repetitions, and reports medians, min-max, ours/peer,
@@ -41,6 +42,7 @@ from typing import Any
 
 from . import report as bench_report
 from .cluster import cluster_bench
+from .durability import durability
 from .procs import BenchError, ensure_redis
 from .replication import replication
 from .scale import scale
@@ -54,6 +56,7 @@ GROUPS = {
     "tls": ["tls"],
     "cluster": ["cluster"],
     "scale": ["scale"],
+    "durability": ["durability"],
 }
 RUNNERS = {
     **SCENARIOS,
@@ -61,6 +64,7 @@ RUNNERS = {
     "tls": tls,
     "cluster": cluster_bench,
     "scale": scale,
+    "durability": durability,
 }
 DEFAULTS = {
     "items": 1_000_000,
@@ -86,7 +90,12 @@ DEFAULTS = {
     "configs": None,
     "writers": 2,
     "consumers": 2,
+    "window": 16,
+    "conns": 1,
+    "levels": None,
 }
+#: per command, between DEFAULTS and --tiny: sized so the full command takes <= 3 min
+COMMAND_DEFAULTS = {"durability": {"seconds": 4.0, "reps": 2}}
 TINY = {
     "items": 3000,
     "fanout_items": 2000,
@@ -109,8 +118,12 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
     g.add_argument("--vbuckets", type=int, help="server vbuckets (default 1024)")
     g.add_argument("--batch", type=int, help="writes per pipelined batch, both sides (1000)")
     g.add_argument("--value-size", type=int, help="value bytes (100; keys are 16 bytes)")
-    if scenario in ("latency", "replication", "all"):
-        g.add_argument("--seconds", type=float, help="latency/lag: seconds of writing (30)")
+    if scenario in ("latency", "replication", "durability", "all"):
+        g.add_argument(
+            "--seconds",
+            type=float,
+            help="latency/lag: seconds of writing (30; durability: 4 per run)",
+        )
         g.add_argument("--rate", type=int, help="latency/lag: writes per second (10000)")
     if scenario in ("fanout", "tls", "all"):
         g.add_argument(
@@ -119,6 +132,17 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
             help="fanout: consumer counts, comma-separated (1,4,16); tls: the largest is "
             "the number of concurrent logins",
         )
+    if scenario == "durability":
+        g.add_argument(
+            "--levels",
+            help="comma-separated: none,majority,majorityAndPersistActive,"
+            "persistToMajority,persistActive (default all)",
+        )
+        g.add_argument("--window", type=int, help="writes outstanding per connection (16)")
+        g.add_argument(
+            "--conns", type=int, help="connections per node (1); Redis gets as many in total"
+        )
+        g.add_argument("--keys", type=int, help="distinct keys written over and over (100000)")
     if scenario in ("slow-consumer", "all"):
         g.add_argument("--keys", type=int, help="slow-consumer: distinct keys (100000)")
         g.add_argument("--quota-mib", type=float, help="slow-consumer: checkpoint quota (256)")
@@ -186,6 +210,7 @@ def options(ns: argparse.Namespace) -> argparse.Namespace:
     """Defaults, --tiny, then explicit flags; ``--items`` of fanout / slow-consumer means
     their own item counts."""
     o = dict(DEFAULTS)
+    o.update(COMMAND_DEFAULTS.get(ns.cmd, {}))
     if ns.tiny:
         o.update(TINY)
     given = {k: v for k, v in vars(ns).items() if v is not None}
@@ -218,6 +243,10 @@ def _steps(o: argparse.Namespace, names: list[str], peer: bool) -> int:
             n += o.reps * 4 + 2
         elif name == "cluster":
             n += o.reps * 2
+        elif name == "durability":
+            levels = (o.levels or "none,majority,a,b,c").split(",")
+            peer_runs = sum(1 for lv in levels if lv in ("none", "majority")) if peer else 0
+            n += o.reps * (2 * (len(levels) + peer_runs) + 1)
         elif name == "scale":
             n += o.reps * 2 * len((o.configs or "c1,c2r0,c2r1,plain").split(","))
         else:

@@ -28,6 +28,7 @@ GOALS: dict[str, str] = {
     "tls": "TLS >= 0.6x plaintext (stream-memory and ingest)",
     "cluster": "failover <= auto_failover_timeout + 2 s; rebalance >= 200 k items/s moved",
     "scale": "2 nodes / 1 node: ingest >= 1.6x, stream-memory >= 1.3x",
+    "durability": "majority >= 0.5x none throughput; majority p99 <= 3 ms at 10 k/s",
 }
 
 
@@ -53,7 +54,7 @@ def evaluate(res: dict[str, Any]) -> bool | None:
     if name == "tls":
         ratios = list((res.get("tls_ratios") or {}).values())
         return bool(ratios) and all(r is not None and r >= 0.6 for r in ratios)
-    if name in ("cluster", "scale"):  # each part it ran against its own goal
+    if name in ("cluster", "scale", "durability"):  # each part it ran against its own goal
         met = res.get("goals_met") or {}
         return all(met.values()) if met else None
     if name == "replication":
@@ -127,7 +128,7 @@ def _k(x: float | None) -> str:
 def _fmt(name: str, s: dict[str, Any] | None) -> str:
     if not s or s.get("median") is None:
         return "-"
-    if name in ("latency",) or name.endswith(" lag"):
+    if name in ("latency",) or name.endswith((" lag", " p99")):
         return f"{s['median']:.2f} ms [{s['min']:.2f}-{s['max']:.2f}]"
     if name.endswith(" failover"):
         return f"{s['median']:.2f} s [{s['min']:.2f}-{s['max']:.2f}]"
