@@ -55,13 +55,13 @@ def data_seqnos(frames: list) -> list[int]:  # type: ignore[type-arg]
     return [s for _, s, _, _ in items_of(frames)]
 
 
-async def _open(c: WireClient, name: str, *, stable_only: bool) -> None:
+async def open_dcp(c: WireClient, name: str, *, stable_only: bool) -> None:
     assert (await c.dcp_open(name)).status == Status.SUCCESS
     if stable_only:
         assert (await c.control("stable_only", "true")).status == Status.SUCCESS
 
 
-async def _quiet(c: WireClient, seconds: float = 0.4) -> list:  # type: ignore[type-arg]
+async def quiet(c: WireClient, seconds: float = 0.4) -> list:  # type: ignore[type-arg]
     """Stream frames arriving within ``seconds`` (noops answered, not returned)."""
     out = []
     for f in await c.frames_for(seconds):
@@ -80,24 +80,24 @@ async def test_a_stable_only_stream_waits_for_each_whole_snapshot_a_normal_one_d
         keys = keys_for_vb(1, 6, 4)
         async with client_of(server) as kv, client_of(server) as so, client_of(server) as nm:
             await kv.set_many([(k, b"a") for k in keys[:3]])
-            await _open(so, "t-stable", stable_only=True)
-            await _open(nm, "t-normal", stable_only=False)
+            await open_dcp(so, "t-stable", stable_only=True)
+            await open_dcp(nm, "t-normal", stable_only=False)
             assert (await so.stream_req(1)).status == Status.SUCCESS
             assert (await nm.stream_req(1)).status == Status.SUCCESS
             normal = await nm.read_stream_until(
                 lambda f: bool(items_of([f])) and data_seqnos([f]) == [3]
             )
             assert data_seqnos(normal) == [1, 2, 3]  # not held by its neighbour's gate
-            assert await _quiet(so) == []  # stable is 0: not even the marker
+            assert await quiet(so) == []  # stable is 0: not even the marker
             await kv.set_many([(k, b"b") for k in keys[3:]])  # woken again, still held
-            assert await _quiet(so) == []
+            assert await quiet(so) == []
             assert fake.registered == 1  # one wait, not one per fill call
 
             fake.advance(1, 2)  # the held snapshot [1, 3] is not stable yet
-            assert await _quiet(so) == []
+            assert await quiet(so) == []
             fake.advance(1, 3)  # now it is: exactly that snapshot, whole
             got = await so.read_stream_until(lambda f: data_seqnos([f]) == [3])
-            got += await _quiet(so)
+            got += await quiet(so)
             assert [(s, e) for s, e, _ in markers_of(got)] == [(1, 3)]
             assert data_seqnos(got) == [1, 2, 3]
 
@@ -115,10 +115,10 @@ async def test_a_stable_only_stream_with_an_end_ends_ok_once_stable_reaches_it(
         keys = keys_for_vb(2, 4, 4)
         async with client_of(server) as kv, client_of(server) as so:
             await kv.set_many([(k, b"x") for k in keys])
-            await _open(so, "t-latest", stable_only=True)
+            await open_dcp(so, "t-latest", stable_only=True)
             assert (await so.stream_req(2, flags=StreamRequestFlag.TO_LATEST)).status == 0
             fake.advance(2, 3)
-            assert await _quiet(so) == []  # the snapshot ends at 4
+            assert await quiet(so) == []  # the snapshot ends at 4
             fake.advance(2, 4)
             frames = await so.read_stream_until(is_end)
             assert data_seqnos(frames) == [1, 2, 3, 4]
@@ -132,10 +132,10 @@ async def test_a_disk_snapshot_is_held_too(tmp_path: Path) -> None:
     async with running_server(tmp_path / "d") as server:  # nothing in memory: a backfill
         fake = server.durability = FakeDurability()
         async with client_of(server) as so:
-            await _open(so, "t-disk", stable_only=True)
+            await open_dcp(so, "t-disk", stable_only=True)
             assert (await so.stream_req(3, end=5)).status == Status.SUCCESS
             fake.advance(3, 4)
-            assert await _quiet(so) == []
+            assert await quiet(so) == []
             assert server.streams_of(3)[0].backfills == 1
             fake.advance(3, 5)
             frames = await so.read_stream_until(is_end)
