@@ -74,6 +74,57 @@ def _connect(addr: tuple[str, int], timeout: float) -> socket.socket:
     return s
 
 
+# ---------------------------------------------------------------------- answers
+
+
+class BinaryAnswers:
+    """The whole memcached-binary answers in a connection's bytes, however they were cut."""
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, data: bytes) -> list[tuple[int, int | str]]:
+        """(opaque, 0 or the status as hex) of each answer completed by ``data``."""
+        buf = self._rest + data if self._rest else data
+        out: list[tuple[int, int | str]] = []
+        o, end_all = 0, len(buf)
+        while end_all - o >= _HDR_SIZE:
+            _m, _op, _kl, _el, _dt, status, body, opaque = _HDR.unpack_from(buf, o)
+            if o + _HDR_SIZE + body > end_all:
+                break
+            out.append((opaque, f"0x{status:02x}" if status else 0))
+            o += _HDR_SIZE + body
+        self._rest = buf[o:]
+        return out
+
+
+class RespAnswers:
+    """Redis replies grouped per write: ``per_write`` replies (SET, or SET and WAIT)."""
+
+    def __init__(self, per_write: int = 1) -> None:
+        self.per_write = per_write
+        self._reader = hiredis.Reader()
+        self._part: list[Any] = []
+
+    def feed(self, data: bytes) -> list[int | str]:
+        """0, ``"error"`` (any reply an error) or ``"wait_timeout"`` (WAIT counted no
+        replica) for each write completed by ``data``."""
+        self._reader.feed(data)
+        out: list[int | str] = []
+        while (r := self._reader.gets()) is not False:
+            self._part.append(r)
+            if len(self._part) < self.per_write:
+                continue
+            status: int | str = 0
+            if any(isinstance(x, hiredis.ReplyError) for x in self._part):
+                status = "error"
+            elif self.per_write == 2 and self._part[1] < 1:
+                status = "wait_timeout"
+            self._part = []
+            out.append(status)
+        return out
+
+
 # ---------------------------------------------------------------------- connections
 
 
@@ -87,7 +138,7 @@ class OursConn:
         self.templates: list[bytes] = []
         self.i = 0
         self.inflight: dict[int, tuple[float, float]] = {}
-        self._rest = b""
+        self._answers = BinaryAnswers()
         self.sock.sendall(codec.hello("bench-durability", _FEATURES, opaque=1))
         reader = FrameReader()
         while not (frames := reader.read_frames()):
@@ -122,18 +173,7 @@ class OursConn:
         return t[:12] + _OPAQUE.pack(wid) + t[16:]
 
     def answers(self, data: bytes) -> list[tuple[int, int | str]]:
-        """(write number, 0 or the status as hex) of each whole answer in ``data``."""
-        buf = self._rest + data if self._rest else data
-        out: list[tuple[int, int | str]] = []
-        o, end_all = 0, len(buf)
-        while end_all - o >= _HDR_SIZE:
-            _m, _op, _kl, _el, _dt, status, body, opaque = _HDR.unpack_from(buf, o)
-            if o + _HDR_SIZE + body > end_all:
-                break
-            out.append((opaque, f"0x{status:02x}" if status else 0))
-            o += _HDR_SIZE + body
-        self._rest = buf[o:]
-        return out
+        return self._answers.feed(data)
 
 
 class RedisConn:
@@ -146,15 +186,13 @@ class RedisConn:
         self.i = 0
         self.inflight: dict[int, tuple[float, float]] = {}
         self.order: collections.deque[int] = collections.deque()
-        self.per_write = 1
-        self._reader = hiredis.Reader()
-        self._part: list[Any] = []
+        self._answers = RespAnswers()
 
     def prepare(self, level: str, size: int, nvb: int, timeout_ms: int) -> None:
         if level not in REDIS_LEVELS:
             raise ValueError(f"Redis level {level!r}: one of {REDIS_LEVELS}")
         wait = hiredis.pack_command(("WAIT", 1, timeout_ms)) if level == "wait1" else b""
-        self.per_write = 2 if wait else 1
+        self._answers.per_write = 2 if wait else 1
         self.templates = [
             hiredis.pack_command(("SET", key_of(k), value_of(k, size))) + wait for k in self.keys
         ]
@@ -167,20 +205,7 @@ class RedisConn:
         return t
 
     def answers(self, data: bytes) -> list[tuple[int, int | str]]:
-        self._reader.feed(data)
-        out: list[tuple[int, int | str]] = []
-        while (r := self._reader.gets()) is not False:
-            self._part.append(r)
-            if len(self._part) < self.per_write:
-                continue
-            status: int | str = 0
-            if any(isinstance(x, hiredis.ReplyError) for x in self._part):
-                status = "error"
-            elif self.per_write == 2 and self._part[1] < 1:
-                status = "wait_timeout"
-            self._part = []
-            out.append((self.order.popleft(), status))
-        return out
+        return [(self.order.popleft(), st) for st in self._answers.feed(data)]
 
 
 Conn = OursConn | RedisConn
