@@ -228,8 +228,15 @@ class Connection:
         for stream in list(self.streams.values()):
             self.server.stream_registry.remove(stream)
             stream.release()
+            self._forget_acks(stream.vbid)
         self.streams.clear()
         self.ready.clear()
+
+    def _forget_acks(self, vbid: int) -> None:
+        """A replica's stream is gone: what it acknowledged no longer counts (it may be
+        a copy that will not catch up)."""
+        if self.consumer_name is not None:
+            self.server.durability.forget(vbid, self.consumer_name)
 
     async def drain(self, timeout: float) -> None:
         """Give the writer a moment to send what is queued (used before closing)."""
@@ -374,6 +381,7 @@ class Connection:
         self.ready.pop(stream, None)
         if self.streams.get(stream.vbid) is stream:
             del self.streams[stream.vbid]
+            self._forget_acks(stream.vbid)
         self.server.stream_registry.remove(stream)
 
     # ------------------------------------------------------------------ shutdown

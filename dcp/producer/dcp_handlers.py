@@ -1,5 +1,5 @@
 """DCP requests from a client: OPEN, CONTROL, STREAM_REQ, CLOSE_STREAM, GET_FAILOVER_LOG,
-BUFFER_ACK, and the client's refusals of what the server sent.
+BUFFER_ACK, SEQNO_ACKNOWLEDGED, and the client's refusals of what the server sent.
 
 Rules of this module:
 - Every DCP request except DCP_OPEN needs an open producer connection first (EINVAL).
@@ -14,6 +14,7 @@ Rules of this module:
   ``Takeover`` (takeover.py) that hands the vbucket over once the stream is caught up;
   the consumer's SUCCESS to its DCP_SET_VBUCKET_STATE (``StateAcked``) is routed to it by
   the stream's opaque. A refusal of any DCP message closes the connection.
+- DCP_SEQNO_ACKNOWLEDGED (a replica's ack) is seqno_ack.py's.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ..protocol.server_session import SESSION_CONTROLS
 from . import stream_log
 from .active_stream import ActiveStream, StreamOptions
 from .engine import DecisionKind, decide_stream_request
+from .seqno_ack import seqno_acknowledged
 from .takeover import Takeover
 
 if TYPE_CHECKING:
@@ -372,4 +374,5 @@ DCP_HANDLERS: dict[int, Callable[[Connection, Frame], None]] = {
     Opcode.DCP_CLOSE_STREAM: close_stream,
     Opcode.DCP_GET_FAILOVER_LOG: get_failover_log,
     Opcode.DCP_BUFFER_ACK: buffer_ack,
+    Opcode.DCP_SEQNO_ACKNOWLEDGED: seqno_acknowledged,
 }

@@ -79,6 +79,7 @@ OPCODE_PRIVILEGES: Mapping[int, str | None] = {
     Opcode.DCP_CLOSE_STREAM: "stream",
     Opcode.DCP_GET_FAILOVER_LOG: "stream",
     Opcode.DCP_BUFFER_ACK: "stream",
+    Opcode.DCP_SEQNO_ACKNOWLEDGED: "stream",  # as the replica's stream request
     Opcode.GET_ALL_VB_SEQNOS: "stream",
     Opcode.STAT: "stats",
     Opcode.SET_VBUCKET_STATE: "admin",

@@ -22,7 +22,7 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ..protocol.opcodes import Opcode
+from ..protocol.opcodes import DurabilityLevel, Opcode
 from .limits import accept_with_backoff
 
 if TYPE_CHECKING:
@@ -193,6 +193,39 @@ class MetricsCollector:
             value=b.flusher.items_written,
         )
         yield from _replication_metrics(s)
+        yield from _durability_metrics(s)
+
+
+def _durability_metrics(s: ServerView) -> Iterator[Metric]:
+    """Durable writes by level and outcome; how far the stable seqno trails the high
+    seqno over the active vbuckets (summed, and the worst one's)."""
+    writes = CounterMetricFamily(
+        "dcp_sync_writes", "Durable writes by level and outcome", labels=["level", "outcome"]
+    )
+    counts = s.metrics.sync_writes
+    for level in DurabilityLevel:
+        if level:
+            for outcome in ("ok", "ambiguous", "impossible"):
+                writes.add_metric([level.name.lower(), outcome], counts.get((level, outcome), 0))
+    yield writes
+    b = s.bucket
+    dur = s.durability
+    lag_sum = lag_max = 0
+    for vb in range(b.num_vbuckets):
+        if dur.is_active(vb):
+            lag = max(0, b.vbucket(vb).high_seqno - dur.stable_seqno(vb))
+            lag_sum += lag
+            lag_max = max(lag_max, lag)
+    yield GaugeMetricFamily(
+        "dcp_stable_seqno_lag_sum",
+        "High seqno minus stable seqno, summed over active vbuckets",
+        value=lag_sum,
+    )
+    yield GaugeMetricFamily(
+        "dcp_stable_seqno_lag_max",
+        "High seqno minus stable seqno of the furthest-behind active vbucket",
+        value=lag_max,
+    )
 
 
 def _replication_metrics(s: ServerView) -> Iterator[Metric]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .engine import Bucket
     from .metrics import ServerMetrics
 
-__all__ = ["ClusterView", "ConnectionView", "ServerView"]
+__all__ = ["ClusterView", "ConnectionView", "DurabilityView", "ServerView"]
 
 
 class ConnectionView(Protocol):
@@ -45,6 +45,18 @@ class ClusterView(Protocol):
     def stat_pairs(self) -> list[tuple[str, Any]]: ...
 
 
+class DurabilityView(Protocol):
+    """What reporting reads of the durability monitor (durability.py)."""
+
+    def is_active(self, vb: int) -> bool: ...
+
+    def majority_seqno(self, vb: int) -> int: ...
+
+    def majority_persisted_seqno(self, vb: int) -> int: ...
+
+    def stable_seqno(self, vb: int) -> int: ...
+
+
 class ServerView(Protocol):
     """What reporting reads of the server (see the module rules)."""
 
@@ -65,6 +77,9 @@ class ServerView(Protocol):
 
     @property
     def cluster(self) -> ClusterView: ...
+
+    @property
+    def durability(self) -> DurabilityView: ...
 
     def uptime(self) -> float: ...
 

@@ -14,7 +14,9 @@ unit at a time, yielding to the event loop between them and pausing at its outpu
 one go while other clients wait. A unit is built without yielding, so it is a
 consistent view of its vbucket or connection; different units may be moments apart.
 
-Groups: ``""`` (general), ``vbucket``, ``vbucket-seqno [vb]``, ``failovers [vb]``,
+Groups: ``""`` (general), ``vbucket``, ``vbucket-seqno [vb]`` (the engine's seqnos and,
+for an active vbucket, ``majority_seqno``, ``majority_persisted_seqno`` and
+``stable_seqno`` from the durability monitor, durability.py), ``failovers [vb]``,
 ``checkpoint [vb]``, ``dcp``, ``dcp-streams`` (one JSON value per stream, for tools),
 ``replication [vb]`` (per vbucket ``vb_N:state`` and, for a replica fed from a source,
 ``source``, ``high_seqno``, ``source_seqno`` (the highest snapshot end the source
@@ -89,8 +91,15 @@ def _general(server: ServerView) -> Iterator[Pairs]:
 
 
 def _vbucket_seqno(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:
+    dur = server.durability
     for vb in vbs:
-        yield [(f"vb_{vb}:{k}", v) for k, v in server.bucket.vbucket(vb).stats_seqno().items()]
+        p = f"vb_{vb}:"
+        out = [(p + k, v) for k, v in server.bucket.vbucket(vb).stats_seqno().items()]
+        if dur.is_active(vb):  # the majority is counted by the active only
+            out.append((p + "majority_seqno", dur.majority_seqno(vb)))
+            out.append((p + "majority_persisted_seqno", dur.majority_persisted_seqno(vb)))
+            out.append((p + "stable_seqno", dur.stable_seqno(vb)))
+        yield out
 
 
 def _failovers(server: ServerView, vbs: range | list[int]) -> Iterator[Pairs]:

@@ -26,6 +26,7 @@ from dcp.producer.backfills import Backfills
 from dcp.producer.config import ServerConfig
 from dcp.producer.connection import Connection
 from dcp.producer.dispatch import HANDLERS, HandlerTable
+from dcp.producer.durability import DurabilityMonitor
 from dcp.producer.engine import Bucket, EngineConfig
 from dcp.producer.metrics import ServerMetrics, render
 from dcp.producer.server import DcpServer
@@ -139,6 +140,7 @@ class View:
         self.metrics = ServerMetrics()
         self.connections: list[Any] = []
         self.storage_error: str | None = "disk on fire"
+        self.durability = DurabilityMonitor.of_vbuckets("self", bucket.vbuckets)
 
     def uptime(self) -> float:
         return 12.0
