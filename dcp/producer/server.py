@@ -271,7 +271,11 @@ class DcpServer:
         static topology (``replica_of``) always find them."""
         node = self.config.advertise or f"{self.config.host}:{self.port}"
         states = self.vbucket_states = VBucketStates(self, node)
-        manager = ReplicationManager(states, **self.replication_options())
+        # acks name this node as the cluster map does (none without a cluster: there the
+        # active's chain is itself alone); one flush listener acks what got persisted
+        acks_as = self.config.node_name
+        manager = ReplicationManager(states, consumer_name=acks_as, **self.replication_options())
+        self.persistence.add_flush_listener(manager.flushed)
         await bg.start(self._run_replication, manager)
         states.manager = manager
         bg.start_soon(states.run)

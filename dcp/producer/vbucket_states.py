@@ -203,6 +203,9 @@ class VBucketStates:
     def position(self, vb: int) -> tuple[int, int, int, int]:
         return self._server.bucket.vbucket(vb).replication_position()
 
+    def persisted_seqno(self, vb: int) -> int:
+        return self._server.bucket.vbucket(vb).persisted_seqno
+
     def adopt_failover_log(self, vb: int, entries: list[tuple[int, int]]) -> None:
         self._server.bucket.vbucket(vb).adopt_failover_log(entries)
 

@@ -101,6 +101,7 @@ class ClientSession:
         self._pending_len = 0
         self._need = 24
         self._broken: str | None = None
+        self._acking = False  # a SEQNO_ACKNOWLEDGED was sent: its refusals are Answers
 
     # ------------------------------------------------------------------ requests
 
@@ -187,6 +188,7 @@ class ClientSession:
         snapshot and when its persisted seqno moves (protocol_spec/README.md §5.10)."""
         for st in self.streams.values():
             if st.vbucket == vbucket and st.state == STREAMING:
+                self._acking = True
                 return codec.seqno_acknowledged(vbucket, st.opaque, seqno, persisted)
         return None
 
@@ -364,6 +366,11 @@ class ClientSession:
             if st is not None and st.state == REQUESTED:
                 out.append(self._stream_answer(st, f))
                 return
+        if f.opcode == Opcode.DCP_SEQNO_ACKNOWLEDGED and self._acking:
+            # only a refusal is ever answered (an older source, a missing consumer_name):
+            # the replica must see it to stop acknowledging
+            out.append(Answer(o, f))
+            return
         kind = self._answers.get(o)
         if kind is None:
             return  # an answer nobody waits for (a probe's, or a late one)

@@ -6,6 +6,9 @@ Rules of this module:
   DCP_OPEN, DCP_CONTROL, NOOP and CLOSE_STREAM with success and records them; every
   DCP_STREAM_REQ is handed to the test's ``script(conn, request, n)`` (``n``: how many
   requests came before), run as a task of that connection.
+- DCP_SEQNO_ACKNOWLEDGED requests are recorded in ``seqno_acks`` and not answered
+  (as a real producer), or answered ``ack_status`` when the test sets one; controls
+  named in ``refuse_controls`` are refused (EINVAL).
 - Responses from the replica (noop answers, DCP_SET_VBUCKET_STATE acks) are recorded
   and can be taken (oldest first) with ``conn.response(opcode, opaque)``; BUFFER_ACKs
   are summed.
@@ -24,7 +27,7 @@ import trio
 from dcp.protocol import codec
 from dcp.protocol.codec import StreamRequest
 from dcp.protocol.frames import Frame, FrameReader
-from dcp.protocol.opcodes import Opcode
+from dcp.protocol.opcodes import Opcode, Status
 
 Script = Callable[["ProducerConn", StreamRequest, int], Awaitable[None]]
 
@@ -75,6 +78,11 @@ class ScriptedProducer:
         self.requests: list[StreamRequest] = []
         self.closes: list[int] = []
         self.buffer_acked = 0
+        #: the DCP_SEQNO_ACKNOWLEDGED frames received, and the status they are answered
+        #: with (SUCCESS: not answered, as a real producer)
+        self.seqno_acks: list[Frame] = []
+        self.ack_status = 0
+        self.refuse_controls: set[str] = set()
         self.conns: list[ProducerConn] = []
 
     @contextlib.asynccontextmanager
@@ -120,7 +128,10 @@ class ScriptedProducer:
             name, flags = codec.parse_open(f)
             self.opens.append((name.decode(), flags))
         elif op == Opcode.DCP_CONTROL:
-            self.controls.append((bytes(f.key).decode(), bytes(f.value).decode()))
+            key = bytes(f.key).decode()
+            self.controls.append((key, bytes(f.value).decode()))
+            if key in self.refuse_controls:
+                ok = codec.response(op, Status.EINVAL, opaque=f.opaque)  # an older source
         elif op == Opcode.DCP_STREAM_REQ:
             req = codec.parse_stream_request(f)
             count = len([r for r in self.requests if r.vbucket == req.vbucket])
@@ -131,6 +142,11 @@ class ScriptedProducer:
             self.closes.append(f.vbucket)
         elif op == Opcode.DCP_BUFFER_ACK:
             self.buffer_acked += codec.parse_buffer_ack(f)
+            return
+        elif op == Opcode.DCP_SEQNO_ACKNOWLEDGED:
+            self.seqno_acks.append(f)
+            if self.ack_status:
+                await conn.send(codec.response(op, self.ack_status, opaque=f.opaque))
             return
         await conn.send(ok)
 

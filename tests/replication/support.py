@@ -56,6 +56,8 @@ class FakeTarget:
             vb: [] for vb in range(num_vbuckets)
         }
         self.high = dict.fromkeys(range(num_vbuckets), 0)
+        #: what "disk" holds: tests move it (and call the manager's flush listener)
+        self.persisted = dict.fromkeys(range(num_vbuckets), 0)
         self.snap = {vb: (0, 0) for vb in range(num_vbuckets)}
         self.failover: dict[int, list[tuple[int, int]]] = {vb: [] for vb in range(num_vbuckets)}
         self.calls: list[tuple] = []  # ("set_state"|"rollback"|"adopt", vb, ...)
@@ -74,6 +76,9 @@ class FakeTarget:
         uuid = self.failover[vb][0][0] if self.failover[vb] else 0
         s, e = self.snap[vb]
         return self.high[vb], s, e, uuid
+
+    def persisted_seqno(self, vb: int) -> int:
+        return self.persisted[vb]
 
     def adopt_failover_log(self, vb: int, entries: list[tuple[int, int]]) -> None:
         self.calls.append(("adopt", vb, list(entries)))
@@ -108,6 +113,7 @@ class FakeTarget:
         to = snaps[-1][1] if snaps else 0
         self.items[vb] = [it for it in self.items[vb] if it.seqno <= to]
         self.high[vb] = to
+        self.persisted[vb] = min(self.persisted[vb], to)
         self.snap[vb] = (snaps[-1][0], to) if snaps else (0, 0)
         self.failover[vb] = [(u, s) for u, s in self.failover[vb] if s <= to]
         return to

@@ -11,7 +11,8 @@ Rules of this module:
 - The handshake is pipelined in one write: HELLO, DCP_OPEN (producer, include delete
   times) and the DCP_CONTROLs a replica needs; it waits for every answer. DCP_OPEN
   must succeed; a refused control degrades (no noop: no dead-connection detection; no
-  window: no flow control) and is logged.
+  window: no flow control; no consumer_name: no SEQNO_ACKNOWLEDGED, so this copy counts
+  for no durable write) and is logged.
 - Dead connection: after ``probe_after`` seconds of silence a plain NOOP probes the
   source; if another ``probe_after`` passes with nothing received, the link is lost.
 - Authentication (``SourceAuth``: the node's ``replication_user``): SASL_AUTH goes in the
@@ -107,6 +108,8 @@ class SourceSettings:
     window: int = 16 * 1024 * 1024  # flow-control buffer (0: none)
     receive_size: int = 256 * 1024
     auth: SourceAuth | None = None  # None: connect without authenticating
+    #: the node name acks are sent under (DCP_CONTROL consumer_name); None: no acks
+    consumer_name: str | None = None
 
 
 class LinkLost(Exception):
@@ -130,6 +133,8 @@ class Link:
         self.stream = stream
         self.session = session
         self.probe_after: float | None = None
+        #: the source took our ``consumer_name``: this replica acknowledges (acks.py)
+        self.acks = False
         self._out = bytearray()
         self._wake = trio.Event()
         self._closing = False
@@ -219,10 +224,12 @@ class Link:
         window: int,
         noop_interval: float | None,
         auth: SourceAuth | None = None,
+        consumer_name: str | None = None,
     ) -> None:
         """HELLO, SASL with ``auth``, DCP_OPEN and the controls (see the module rules);
         raises ``LinkLost`` (a refused DCP_OPEN too: the source may be starting, so it is
-        retried)."""
+        retried). ``consumer_name``: the cluster node name this replica acknowledges
+        under (DCP_SEQNO_ACKNOWLEDGED); None: it does not acknowledge."""
         s = self.session
         controls: list[tuple[str, str]] = []
         if noop_interval:
@@ -235,6 +242,8 @@ class Link:
             ("send_stream_end_on_client_close_stream", "true"),
             ("set_priority", "high"),
         ]
+        if consumer_name:
+            controls.append(("consumer_name", consumer_name))
         reqs = []
         o = s.expect(s.next_opaque())
         reqs.append((o, codec.hello(name, _FEATURES, opaque=o)))
@@ -264,6 +273,7 @@ class Link:
             self.probe_after = noop_interval
         if window and not ok["connection_buffer_size"]:
             s.flow.enabled = False
+        self.acks = bool(consumer_name) and ok["consumer_name"]
 
     async def login(self, name: str, auth: SourceAuth | None = None) -> None:
         """HELLO and, with ``auth``, SASL: no DCP_OPEN. For a plain request/answer

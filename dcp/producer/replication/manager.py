@@ -18,6 +18,8 @@ Rules of this module:
   on, ``reconcile`` leaves that vbucket's state alone while its assignment is the same;
   once it is active the assignment is satisfied: it is not streamed again until the
   assignment of that vbucket changes.
+- Acks (acks.py): connections send SEQNO_ACKNOWLEDGED under ``consumer_name``;
+  ``flushed`` is the node's flush listener (one per node, whatever the sources).
 - ``stats``/``vbucket_info``/``stat_pairs`` are read-only views for the STAT group
   ``replication`` and metrics.
 """
@@ -53,6 +55,10 @@ class ReplicationManager:
             the connection is probed, after twice as much it is dropped. None: no noops.
         window: the flow-control buffer asked of the source (bytes; 0: none).
         auth: the user replication connections authenticate as (None: they do not).
+        consumer_name: the name this node's acks name it by (DCP_CONTROL
+            consumer_name): its cluster node name, as the map's chains name it (not
+            ``target.node_name``, its address). None or "": no acks (no cluster: the
+            active's chain is itself alone).
     """
 
     def __init__(
@@ -66,6 +72,7 @@ class ReplicationManager:
         noop_interval: float | None = 5.0,
         window: int = 16 * 1024 * 1024,
         auth: SourceAuth | None = None,
+        consumer_name: str | None = None,
     ) -> None:
         if not 0 < backoff_initial <= backoff_max:
             raise ValueError("need 0 < backoff_initial <= backoff_max")
@@ -78,6 +85,7 @@ class ReplicationManager:
             noop_interval=noop_interval,
             window=window,
             auth=auth,
+            consumer_name=consumer_name or None,
         )
         self._assignment: dict[int, Assignment] = {}
         #: takeovers whose source already changed the state here, with their assignment
@@ -134,6 +142,12 @@ class ReplicationManager:
             for vb, takeover in vbs.items():
                 self._sources[source].want(vb, takeover)
         self._sync_tasks()
+
+    def flushed(self) -> None:
+        """The flush listener (``Persistence.add_flush_listener``, registered by the
+        server): each connection acks the vbuckets whose persisted seqno moved."""
+        for conn in self._sources.values():
+            conn.flushed()
 
     def _new_connection(self, source: str) -> SourceConnection:
         conn: SourceConnection

@@ -84,6 +84,12 @@ class SourceConnection:
         st = self.table.streams.get(vb)
         return 0 if st is None else st.source_seqno
 
+    def flushed(self) -> None:
+        """A flush moved persisted seqnos: ack the vbuckets whose did (acks.py)."""
+        link = self.table.link
+        if link is not None and self.connected:
+            self.table.acks.flushed(link, self.table.streams)
+
     @property
     def counters(self) -> dict[str, int]:
         return self.table.counters
@@ -141,6 +147,7 @@ class SourceConnection:
                         window=cfg.window,
                         noop_interval=cfg.noop_interval,
                         auth=cfg.auth,
+                        consumer_name=cfg.consumer_name,
                     )
             except trio.TooSlowError:
                 raise LinkLost(f"handshake timed out after {cfg.connect_timeout:g}s") from None
@@ -169,19 +176,23 @@ class SourceConnection:
             raise error
 
     async def _reader(self) -> None:
-        table = self.table
-        link = table.link
+        link = self.table.link
         assert link is not None
-        session = link.session
-        handlers = table.handlers
-        counters = table.counters
         size = self.settings.receive_size
         while True:
-            data = await link.receive(size)
-            counters["bytes_received"] += len(data)
-            for e in session.receive_data(data):
-                handlers[type(e)](e)
-            link.send(session.data_to_send())
+            self.handle(link, await link.receive(size))
+
+    def handle(self, link: Link, data: bytes | bytearray) -> None:
+        """One received chunk: its events, then the acks it made due (at most one per
+        vbucket, acks.py), then the session's noop replies and buffer acks."""
+        table = self.table
+        table.counters["bytes_received"] += len(data)
+        handlers = table.handlers
+        session = link.session
+        for e in session.receive_data(data):
+            handlers[type(e)](e)
+        table.acks.send(link, table.streams)
+        link.send(session.data_to_send())
 
     async def _opener(self) -> None:
         """Re-request streams whose backoff is over."""

@@ -27,6 +27,8 @@ Rules of this module:
   applied with ``target.set_state(..., takeover=True)``, then acked; after ACTIVE the
   vbucket is finishing (``on_state`` tells the manager, which stops asking for it) and
   leaves the table at its STREAM_END (or when the connection goes).
+- Acks (acks.py): an accepted plain stream and each applied snapshot mark the vbucket
+  for a SEQNO_ACKNOWLEDGED, which ``source.py`` sends once per received chunk.
 - Retries are due times in a heap (``due``) that the connection's opener task serves;
   an entry whose generation is stale (``ReplicaStream.gen``) is skipped.
 """
@@ -41,7 +43,9 @@ import trio
 
 from ...protocol import events as ev
 from ...protocol.errors import StatusError
+from ...protocol.frames import Frame
 from ...protocol.opcodes import SEQNO_MAX, Status, StreamEndStatus, StreamRequestFlag, VBucketState
+from .acks import Acks
 from .link import Link, SourceSettings
 from .replica_stream import (
     BACKOFF,
@@ -86,6 +90,7 @@ class StreamTable:
         self.closing = Closing()
         self.link: Link | None = None
         self.nursery: trio.Nursery | None = None
+        self.acks = Acks(name, target)  # SEQNO_ACKNOWLEDGED to the source (acks.py)
         self.counters = dict.fromkeys(
             ("bytes_received", "items_applied", "snapshots_applied", "rollbacks", "reconnects"),
             0,
@@ -100,7 +105,7 @@ class StreamTable:
             ev.StreamRollback: self._rolled_back,
             ev.StreamRefused: self._refused,
             ev.VBucketStateSet: self._state_set,
-            ev.Answer: _ignore,  # CLOSE_STREAM answers, probe answers
+            ev.Answer: self._answer,  # refused acks; CLOSE_STREAM and probe answers
         }
 
     # ------------------------------------------------------------------ wanted vbuckets
@@ -130,6 +135,7 @@ class StreamTable:
         """A new link: request every wanted stream from its position."""
         self.link = link
         self.nursery = nursery
+        self.acks.connected(link.acks)
         for st in list(self.streams.values()):
             self.request(st)
 
@@ -245,6 +251,8 @@ class StreamTable:
         st.state = TAKEOVER if st.takeover else STREAMING
         st.attempts = 0
         st.refused = None
+        if not st.takeover:
+            self.acks.opened(st.vb)
         try:
             self.target.adopt_failover_log(st.vb, [(u, s) for u, s in e.failover_log])
         except (ValueError, StatusError) as exc:
@@ -283,6 +291,7 @@ class StreamTable:
                 self._bad(st, f"snapshot not applied: {exc}")
             else:
                 st.applied(end)
+                self.acks.applied(st.vb)
                 self.counters["items_applied"] += len(items)
                 self.counters["snapshots_applied"] += 1
         link.send(link.session.handed(e.nbytes))  # applied or dropped, its bytes are done
@@ -347,6 +356,10 @@ class StreamTable:
             st.refused = e.status
         self._retry(st)
 
+    def _answer(self, e: ev.Answer) -> None:
+        if isinstance(e.result, Frame):  # an ack's refusal, else CLOSE_STREAM or a probe
+            self.acks.answer(e.result)
+
     def _state_set(self, e: ev.VBucketStateSet) -> None:
         link = self.link
         assert link is not None
@@ -378,7 +391,3 @@ def _name(enum: type, value: int) -> str:
         return enum(value).name
     except ValueError:
         return f"0x{value:02x}"
-
-
-def _ignore(_e: object) -> None:
-    """Answers to CLOSE_STREAM and probes: nothing to do."""

@@ -62,6 +62,11 @@ class ReplicaTarget(Protocol):
         """``(start, snap_start, snap_end, vb_uuid)`` for the next stream request."""
         ...
 
+    def persisted_seqno(self, vb: int) -> int:
+        """The highest seqno of the vbucket on disk (what a SEQNO_ACKNOWLEDGED reports as
+        persisted, acks.py)."""
+        ...
+
     def adopt_failover_log(self, vb: int, entries: list[tuple[int, int]]) -> None:
         """The source accepted the stream: take its failover log (newest first)."""
         ...
