@@ -7,12 +7,14 @@ Scenarios (each bounded in time and count, loopback only, stops by itself)::
     .venv/bin/python -m tools.chaos slow    [--seconds 20 --quota-mib 8 ...]
     .venv/bin/python -m tools.chaos storage [--map-mib 2 ...]
     .venv/bin/python -m tools.chaos abuse   [--short --value-mib 20 --gets 100 ...]
-    .venv/bin/python -m tools.chaos all     (every scenario with its defaults)
+    .venv/bin/python -m tools.chaos failover [--rounds 30 --levels none,majority ...]
+    .venv/bin/python -m tools.chaos all     (every scenario but failover, with defaults)
 
 Each prints a JSON report (also written to ``WORKDIR/<scenario>/report.json``) and exits
 1 when the report has divergences, crashes or errors. The scenario functions
-(``run_crash``, ``run_fuzz``, ``run_slow``, ``run_storage``, ``run_abuse``) are importable
-for tests.
+(``run_crash``, ``run_fuzz``, ``run_slow``, ``run_storage``, ``run_abuse``,
+``run_failover``) are importable for tests. ``all`` leaves ``failover`` out: it needs etcd
+and runs for minutes.
 
 Rules of this module: argument parsing and report printing only; each scenario lives in
 ``tools/chaos/<scenario>.py``; shared pieces: ``procs`` (child processes, raw wire),
@@ -35,6 +37,8 @@ import trio
 
 from .abuse import DEFAULT, SHORT, run_abuse
 from .crash import run_crash
+from .failover import KINDS, run_failover
+from .failover_writer import LEVELS
 from .fuzz import run_fuzz
 from .slow import run_slow
 from .storage import run_storage
@@ -45,6 +49,7 @@ __all__ = [
     "main",
     "run_abuse",
     "run_crash",
+    "run_failover",
     "run_fuzz",
     "run_slow",
     "run_storage",
@@ -59,8 +64,17 @@ def failed(report: dict[str, Any]) -> bool:
 
 
 def _summary(report: dict[str, Any]) -> str:
-    skip = {"findings", "per_consumer", "errors_detail", "options"}
+    skip = {"findings", "per_consumer", "errors_detail", "options", "per_round"}
     return json.dumps({k: v for k, v in report.items() if k not in skip}, indent=1)
+
+
+def _names(text: str, valid: tuple[str, ...], p: argparse.ArgumentParser) -> tuple[str, ...]:
+    """A comma-separated subset of ``valid`` (a usage error names the valid ones)."""
+    got = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in got if x not in valid]
+    if bad or not got:
+        p.error(f"{text!r}: choose from {', '.join(valid)}")
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +181,25 @@ def main(argv: list[str] | None = None) -> int:
             dest=name,
             help=f"default {DEFAULT[name]} (--short: {SHORT[name]})",
         )
-    sub.add_parser("all", help="every scenario with its defaults")
+    o = sub.add_parser(
+        "failover",
+        help="etcd + 3 nodes: kill -9, SIGSTOP past the failover, etcd kill; writers at "
+        "every durability level, normal and stable-only consumers",
+    )
+    o.add_argument("--rounds", type=int, default=30)
+    o.add_argument("--kinds", default=",".join(KINDS), help="round kinds to draw from")
+    o.add_argument("--levels", default=",".join(LEVELS), help="one writer per level")
+    o.add_argument("--num-vbuckets", type=int, default=16)
+    o.add_argument("--keys-per-vb", type=int, default=6, help="per writer")
+    o.add_argument("--normal-consumers", type=int, default=2)
+    o.add_argument("--stable-consumers", type=int, default=2)
+    o.add_argument("--lease-ttl", type=int, default=2)
+    o.add_argument("--failover-timeout", type=float, default=3.0)
+    o.add_argument("--min-up", type=float, default=1.0)
+    o.add_argument("--max-up", type=float, default=3.0)
+    o.add_argument("--heal-timeout", type=float, default=60.0)
+    o.add_argument("--time-limit", type=float, default=1800.0)
+    sub.add_parser("all", help="every scenario but failover, with its defaults")
     args = p.parse_args(argv)
     base = Path(args.workdir or tempfile.mkdtemp(prefix="chaos-"))
     jobs: list[tuple[str, Any]] = []
@@ -239,6 +271,25 @@ def main(argv: list[str] | None = None) -> int:
             )
             kw.update({k: v for k in DEFAULT if (v := getattr(args, k)) is not None})
         jobs.append(("abuse", functools.partial(run_abuse, base / "abuse", seed=args.seed, **kw)))
+    if args.scenario == "failover":
+        kw = dict(
+            rounds=args.rounds,
+            kinds=_names(args.kinds, KINDS, p),
+            levels=_names(args.levels, LEVELS, p),
+            num_vbuckets=args.num_vbuckets,
+            keys_per_vb=args.keys_per_vb,
+            normal_consumers=args.normal_consumers,
+            stable_consumers=args.stable_consumers,
+            lease_ttl=args.lease_ttl,
+            failover_timeout=args.failover_timeout,
+            min_up=args.min_up,
+            max_up=args.max_up,
+            heal_timeout=args.heal_timeout,
+            time_limit=args.time_limit,
+        )
+        jobs.append(
+            ("failover", functools.partial(run_failover, base / "failover", seed=args.seed, **kw))
+        )
     rc = 0
     for name, job in jobs:
         report = trio.run(job)

@@ -1,8 +1,10 @@
 """A chaos consumer: an SDK ``DcpClient`` keeping a rollback-safe materialized view.
 
-Run as a child process by ``tools/chaos/crash.py`` (so it can be SIGKILLed)::
+Run as a child process by ``tools/chaos/crash.py`` and ``failover.py`` (so it can be
+SIGKILLed)::
 
     python -m tools.chaos.consumer --port P --dir D --name N [--num-vbuckets 16]
+    python -m tools.chaos.consumer --port P --bootstrap H:P,H:P,H:P --stable-only ...
 
 Rules of this module (the application protocol the SDK docs ask for, made kill-safe):
 - The view's durable form is the journal ``D/journal.jsonl`` (``view.py``); offsets
@@ -159,10 +161,14 @@ class ChaosConsumer:
                         return
 
                 nursery.start_soon(watch)
+                # only when asked, so the consumer also runs against an SDK without it
+                extra: dict[str, Any] = {"stable_only": True} if a.stable_only else {}
                 try:
                     async with DcpClient(
-                        "127.0.0.1",
+                        a.bootstrap or "127.0.0.1",
                         a.port,
+                        config_poll_interval=a.config_poll_interval,
+                        **extra,
                         name=a.name,
                         offset_store=self.store,
                         include_expirations=True,
@@ -208,6 +214,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--noop-interval", type=float, default=2.0)
     p.add_argument("--retry-timeout", type=float, default=300.0)
     p.add_argument("--buffer-size", type=int, default=1 << 20)
+    p.add_argument(
+        "--bootstrap",
+        default="",
+        help="a cluster's bootstrap list HOST:PORT,... (default: 127.0.0.1 and --port)",
+    )
+    p.add_argument("--config-poll-interval", type=float, default=2.5)
+    p.add_argument(
+        "--stable-only",
+        action="store_true",
+        help="ask for whole snapshots at or below the stable seqno only (DcpClient stable_only)",
+    )
     p.add_argument(
         "--fault",
         choices=["none", "ignore-rollback", "partial"],
