@@ -104,20 +104,30 @@ class _Reader(StreamFrames):
             self.address,
         )
         client.connect()
+        controls = {
+            "send_stream_end_on_client_close_stream": "true",
+            "enable_expiry_opcode": "true",
+            # A disk range whose last seqno was a purged tombstone
+            # then completes without waiting for the next change.
+            "send_seqno_advanced": "true",
+            # Refused without a history window on the server: fine.
+            "change_streams": "true",
+        }
+        if self.cfg.stable_only:
+            controls["stable_only"] = "true"
         try:
-            client.dcp_open(
+            accepted = client.dcp_open(
                 f"{self.name}:{os.getpid()}:{secrets.token_hex(4)}",
                 flags=int(DcpOpenFlag.PRODUCER | DcpOpenFlag.INCLUDE_DELETE_TIMES),
-                controls={
-                    "send_stream_end_on_client_close_stream": "true",
-                    "enable_expiry_opcode": "true",
-                    # A disk range whose last seqno was a purged tombstone
-                    # then completes without waiting for the next change.
-                    "send_seqno_advanced": "true",
-                    # Refused without a history window on the server: fine.
-                    "change_streams": "true",
-                },
+                controls=controls,
             )
+            if self.cfg.stable_only and not accepted["stable_only"]:
+                # never read unstable changes instead: the query asked not to
+                raise RangeUnavailableError(
+                    f"option stableOnly=true: {self.where()} refused the "
+                    f"DCP control stable_only (a server without stable-only streams); "
+                    f"upgrade it or drop the option"
+                )
         except BaseException:
             client.close()
             raise

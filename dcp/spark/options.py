@@ -72,6 +72,8 @@ OPTIONS = {
     "tlscertfile": "client certificate (PEM, with its key unless tlsKeyFile) for mutual TLS; "
     "turns TLS on (default: DCP_TLS_CERT)",
     "tlskeyfile": "the client certificate's key file (default: DCP_TLS_KEY)",
+    "stableonly": "'true': read only changes no single node failure can roll back (each "
+    "task waits until its range is stable); 'false' (default): read as soon as written",
 }
 
 _ALIASES = {
@@ -115,6 +117,7 @@ _NAMES = {
     "tlscafile": "tlsCaFile",
     "tlscertfile": "tlsCertFile",
     "tlskeyfile": "tlsKeyFile",
+    "stableonly": "stableOnly",
 }
 
 
@@ -140,6 +143,8 @@ class SourceConfig:
     arrow_batch_rows: int = 65536
     credentials: Credentials | None = None  # None: no login
     tls: TlsFiles | None = None  # None: plain TCP
+    #: executors ask for stable-only streams (DCP_CONTROL stable_only, docs/spark.md)
+    stable_only: bool = False
 
     @property
     def addresses(self) -> tuple[Address, ...]:
@@ -367,6 +372,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
             kw["retry_timeout"] = _float("retryTimeout", opts["retrytimeout"], 0.0)
     if "plancachems" in opts:
         kw["plan_cache_seconds"] = _int("planCacheMs", opts["plancachems"], 0) / 1000.0
+    if "stableonly" in opts:
+        kw["stable_only"] = _choice("stableOnly", opts["stableonly"], ("true", "false")) == "true"
     if "arrowbatchrows" in opts:
         kw["arrow_batch_rows"] = _int("arrowBatchRows", opts["arrowbatchrows"], 1)
     creds, tls = resolve_security(str(kw.get("host", "127.0.0.1")), opts)
