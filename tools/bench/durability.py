@@ -318,7 +318,9 @@ def _ratios(rows: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
 def _fmt(x: float | None, unit: str = "") -> str:
     if x is None:
         return "-"
-    return f"{x / 1000:,.1f} k{unit}" if x >= 10_000 else f"{x:,.3g}{unit}"
+    if x >= 10_000:
+        return f"{x / 1000:,.1f} k{unit}"
+    return f"{x:,.0f}{unit}" if x >= 100 else f"{x:.3g}{unit}"
 
 
 def summary(res: dict[str, Any]) -> list[str]:
@@ -349,6 +351,9 @@ def summary(res: dict[str, Any]) -> list[str]:
                 f"   | {t['peer_name']}: {_fmt(pr['median'], '/s')}  p50 {_fmt(p50)} ms  "
                 f"p99 {_fmt(pl.get('median'))} ms"
             )
+        kept = [r["rate"] for r in lat["ours"]["runs"]]
+        if kept and statistics.median(kept) < 0.95 * p["rate"]:  # an open loop overrun
+            line += f"   (answered {_fmt(statistics.median(kept), '/s')} of {p['rate']}/s)"
         if errs:
             line += f"   errors {errs}"
         lines.append(line)
