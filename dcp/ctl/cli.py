@@ -185,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=int, default=0, help="stop after this many changes")
     p.add_argument(
+        "--stable-only",
+        action="store_true",
+        help="only whole snapshots no single node failure can roll back (a snapshot is "
+        "shown once the vbucket's stable seqno reaches its end)",
+    )
+    p.add_argument(
         "--value-width", type=int, default=60, help="characters of each value to show (0: all)"
     )
     p = _command(sub, "get", "kv:cmd_get", "read a document")

@@ -11,6 +11,9 @@ Rules of this module:
   bootstrap list: it streams each vbucket from the node that holds it and follows the
   map through failovers and rebalances. A node that does not answer at the start is a
   warning; its vbuckets are still streamed (no progress bar then: their end is unknown).
+- ``--stable-only`` asks for a stable-only stream (``DcpClient(stable_only=True)``): a
+  snapshot is shown once no single node failure can roll it back; a server that does
+  not know the control refuses the stream with one line.
 - Runs until Ctrl-C, ``--limit`` changes, or (``--to-latest``) every vbucket reached
   the high seqno it had at the start. Table mode prints one line per event; ``--json``
   prints JSON Lines.
@@ -179,6 +182,7 @@ async def cmd_tail(args: argparse.Namespace, out: Output) -> int:
         to_latest=args.to_latest,
         raw=True,
         include_expirations=True,
+        stable_only=args.stable_only,
         name=f"dcpctl-tail-{os.getpid()}",
         connect_timeout=args.timeout,
         retry_timeout=args.timeout,
