@@ -190,7 +190,8 @@ class BlockingDcpClient(_Facade):
 
 
 class BlockingKvClient(_Facade):
-    """``KvClient`` for synchronous code. Takes exactly ``KvClient``'s arguments."""
+    """``KvClient`` for synchronous code. Takes exactly ``KvClient``'s arguments; the
+    writes take its keyword arguments too (``durability=``, ``durable=``, ``cas=``...)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._client = KvClient(*args, **kwargs)

@@ -26,9 +26,11 @@ Rules of this module:
   came in, which is a reason to go again at once; a map only counts as newer when its
   rev is higher, so this cannot loop. What is still pending at the deadline gets a
   ``RetryTimeoutError`` naming the first such vbucket and the last error seen.
-- Durable writes carry the time left as their durability timeout, rewritten per
-  attempt (``kv_requests.with_durability_timeout``); without extended errors a durable
-  write's ETMPFAIL is the server's deadline answer: ``SyncWriteAmbiguous``, not retried.
+- Durable writes (any level but none: ``durable`` is true) carry the time left as their
+  durability timeout, rewritten per attempt (``kv_requests.with_durability_timeout``);
+  without extended errors a durable write's ETMPFAIL is the server's deadline answer:
+  ``SyncWriteAmbiguous``, not retried. DURABILITY_IMPOSSIBLE is an answer like any
+  other status (``DurabilityImpossibleError``): retrying cannot add copies to the map.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ the answers a durable write can get (``dcp/consumer/kv_requests.py``, ``kv.py``)
 
 The server side is a scripted stand-in over a memory stream: it records every request
 and answers each write with the status the test chooses, so the bytes sent and the
-mapping of each status are checked without a cluster.
+mapping of each status are checked without a cluster. The last test runs every level
+against a real single server, with persistence paused and running.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dcp.consumer import (
     UsageError,
 )
 from dcp.consumer.kv_requests import LEVEL_NAMES, durability_level
+from dcp.producer.server import DcpServer, ServerConfig
 from dcp.protocol import FrameReader, codec
 from dcp.protocol.frames import Frame
 from dcp.protocol.opcodes import DurabilityLevel, FrameInfoId, Opcode, Status
@@ -237,3 +239,34 @@ async def test_blocking_client_passes_the_level_and_raises_in_the_callers_thread
     await trio.to_thread.run_sync(app)
     writes = [f for f in producer.frames if f.opcode in WRITES]
     assert [codec.parse_durability(f) for f in writes] == [1, 3, 4]
+
+
+async def test_each_level_against_a_real_single_node(tmp_path) -> None:
+    """A single server is a chain of one: ``majority`` holds once the write is in its
+    memory, every level that involves persistence waits for its disk. With persistence
+    paused those are ambiguous at the client's deadline; once it runs, all succeed."""
+    cfg = ServerConfig(
+        host="127.0.0.1",
+        port=0,
+        data_dir=str(tmp_path / "d"),
+        num_vbuckets=NUM_VB,
+        log_level="WARNING",
+    )
+    async with (
+        DcpServer(cfg) as server,
+        KvClient("127.0.0.1", server.port, num_vbuckets=NUM_VB, timeout=1.0) as kv,
+    ):
+        server.pause_persistence()
+        assert (await kv.set("m", b"1", durability="majority")).seqno
+        assert (await kv.set("n", b"1", durability="none")).seqno
+        for name in ("majorityAndPersistActive", "persistToMajority", "persistActive"):
+            with pytest.raises(SyncWriteAmbiguous):
+                await kv.set(f"p-{name}", b"1", durability=name)
+        server.resume_persistence()
+        for name in LEVEL_NAMES:
+            r = await kv.set(f"q-{name}", b"2", durability=name)
+            assert r.seqno
+        results = await kv.delete_many(
+            [f"q-{n}" for n in LEVEL_NAMES], durability="persistToMajority"
+        )
+        assert len(results) == len(LEVEL_NAMES)
