@@ -44,6 +44,8 @@ def frame_for(op: int, opaque: int) -> bytes:
             return codec.stream_request(0, opaque, flags=0, start=0, end=0, vb_uuid=0)
         case Opcode.DCP_BUFFER_ACK:
             return codec.buffer_ack(10, opaque)
+        case Opcode.DCP_SEQNO_ACKNOWLEDGED:
+            return codec.seqno_acknowledged(1, opaque, 0, 0)
         case Opcode.SASL_LIST_MECHS:
             return codec.sasl_list_mechs(opaque)
         case _:  # header-only requests (NOOP, VERSION, STAT, GET_VBUCKET, ...)
@@ -76,9 +78,11 @@ DCP_ORDER = [
     Opcode.DCP_STREAM_REQ,
     Opcode.DCP_CLOSE_STREAM,
     Opcode.DCP_BUFFER_ACK,
+    Opcode.DCP_SEQNO_ACKNOWLEDGED,
 ]
-#: What an allowed request answers (SUCCESS unless listed): a buffer ack has no answer
-ALLOWED_STATUS = {Opcode.DCP_BUFFER_ACK: None}
+#: What an allowed request answers (SUCCESS unless listed): a buffer ack has no answer;
+#: a seqno ack reaches its handler, which wants a consumer_name this connection lacks
+ALLOWED_STATUS = {Opcode.DCP_BUFFER_ACK: None, Opcode.DCP_SEQNO_ACKNOWLEDGED: Status.EINVAL}
 OPEN_ENDED = 2**64 - 1
 
 
