@@ -12,7 +12,12 @@ import random
 
 import pytest
 
-from dcp.producer.cluster.failover import auto_refusal, plan_failover, replicas_to_ask
+from dcp.producer.cluster.failover import (
+    auto_refusal,
+    plan_failover,
+    replicas_to_ask,
+    valid_seqno,
+)
 from dcp.producer.cluster.vbmap import VBucketMap
 from dcp.producer.durability import DurabilityMonitor
 from dcp.protocol.opcodes import DurabilityLevel
@@ -113,3 +118,48 @@ def test_the_promoted_replica_holds_the_majority_seqno_whatever_the_replicas_hol
         )
         assert plan.vbmap.active(vb) == plan.promoted[vb]
         assert failed not in plan.vbmap.names(vb)
+
+
+# --------------------------------------------------------------------------- stale copies
+
+#: vb uuids of three tenures: x's (from 0), a's after x was failed over at 90, a warm-up
+U_X, U_A, U_W = 0x1111, 0x2222, 0x3333
+
+
+def test_a_stale_copy_with_a_higher_seqno_is_not_promoted_over_the_majority() -> None:
+    """x was the active up to 120 and was failed over at 90 (a took over: branch U_A
+    from 90); x came back as a replica of a but has not rolled back yet. a answered
+    MAJORITY up to 100 with b's acks. a dies: b (100, on a's branch) must win over x
+    (120, of which only up to 90 is a's history)."""
+    chains: list[list[str | None]] = [["a", "b", "x"]]
+    vbmap = VBucketMap.from_names(2, chains, servers=["a", "b", "x"])
+    seqnos = {"b": {0: 100}, "x": {0: 120}}
+    logs = {"b": {0: [(U_A, 90), (U_X, 0)]}, "x": {0: [(U_X, 0)]}}
+    assert plan_failover(vbmap, "a", {"b", "x"}, seqnos).promoted == {0: "x"}  # seqnos alone
+    assert plan_failover(vbmap, "a", {"b", "x"}, seqnos, logs).promoted == {0: "b"}
+    # the same x once rolled back and streaming from a (a's log adopted) is just behind
+    logs_after = {"b": {0: [(U_A, 90), (U_X, 0)]}, "x": {0: [(U_A, 90), (U_X, 0)]}}
+    assert plan_failover(
+        vbmap, "a", {"b", "x"}, {"b": {0: 100}, "x": {0: 95}}, logs_after
+    ).promoted == {0: "b"}
+    assert plan_failover(
+        vbmap, "a", {"b", "x"}, {"b": {0: 96}, "x": {0: 99}}, logs_after
+    ).promoted == {0: "x"}
+
+
+def test_valid_seqno_branches() -> None:
+    on_a = [(U_A, 90), (U_X, 0)]
+    # a copy of x's old branch counts up to where a's branch began
+    assert valid_seqno(120, [(U_X, 0)], [(100, on_a)]) == 90
+    assert valid_seqno(80, [(U_X, 0)], [(100, on_a)]) == 80  # below the branch: all valid
+    # same newest branch: as it is
+    assert valid_seqno(100, on_a, [(120, on_a)]) == 100
+    # a restarted copy's warm-up entry at its own high seqno holds none of its data: the
+    # copy streaming from a is not taken for stale because of it
+    warm = [(U_W, 100), *on_a]
+    assert valid_seqno(105, on_a, [(100, warm)]) == 105
+    assert valid_seqno(100, warm, [(105, on_a)]) == 100
+    # a copy that knows a's branch only as the one before a newer one (a warm-up entry
+    # below its high) is behind on branches: the other's seqnos above it are not its
+    warm_below = [(U_W, 95), *on_a]
+    assert valid_seqno(110, on_a, [(100, warm_below)]) == 95

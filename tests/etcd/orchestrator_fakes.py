@@ -191,6 +191,11 @@ class FakeNodes:
         await trio.sleep(0)
         return {vb: node.seqno[vb] for vb in range(self.nvb) if node.state[vb] == state}
 
+    async def failover_logs(self, address: str, vbs: list[int]) -> dict[int, list[tuple[int, int]]]:
+        self.by_address(address)
+        await trio.sleep(0)
+        return {vb: [(1, 0)] for vb in vbs if 0 <= vb < self.nvb}  # one branch: seqnos decide
+
     async def states(self, address: str, vbs: list[int]) -> dict[int, VBucketState]:
         node = self.by_address(address)
         await trio.sleep(0)

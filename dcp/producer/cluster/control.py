@@ -1,5 +1,6 @@
 """NodeControl: how the orchestrator asks a node about its vbuckets and tells it what
-to be (GET_ALL_VB_SEQNOS, GET_VBUCKET, SET_VBUCKET_STATE on the node's KV port).
+to be (GET_ALL_VB_SEQNOS, GET_VBUCKET, SET_VBUCKET_STATE, DCP_GET_FAILOVER_LOG on the node's
+KV port).
 
 Rules of this module:
 - ``NodeControl`` is the whole interface the orchestrator uses to reach nodes
@@ -53,6 +54,11 @@ class NodeControl(Protocol):
 
     async def states(self, address: str, vbs: list[int]) -> dict[int, VBucketState]:
         """The state of each of ``vbs`` on the node (a vbucket it refuses is left out)."""
+        ...
+
+    async def failover_logs(self, address: str, vbs: list[int]) -> dict[int, list[tuple[int, int]]]:
+        """The failover log (newest first) of each of ``vbs`` on the node (a vbucket it
+        refuses is left out): which branch of history its seqnos are on."""
         ...
 
     async def set_states(
@@ -134,6 +140,19 @@ class LinkControl:
             return dict(codec.parse_all_vb_seqnos(bytes(answer.value)))
         except ProtocolError as exc:
             raise ControlUnavailable(address, str(exc)) from exc
+
+    async def failover_logs(self, address: str, vbs: list[int]) -> dict[int, list[tuple[int, int]]]:
+        frames = [codec.request(Opcode.DCP_GET_FAILOVER_LOG, vbucket=vb) for vb in vbs]
+        out: dict[int, list[tuple[int, int]]] = {}
+        for vb, answer in zip(
+            vbs, await self._exchange(address, frames) if vbs else [], strict=True
+        ):
+            if answer.status == Status.SUCCESS:
+                try:
+                    out[vb] = codec.parse_failover_log(bytes(answer.value))
+                except ProtocolError as exc:
+                    raise ControlUnavailable(address, f"failover log of vb {vb}: {exc}") from exc
+        return out
 
     async def states(self, address: str, vbs: list[int]) -> dict[int, VBucketState]:
         if not vbs:

@@ -5,9 +5,17 @@ Rules of this module:
 - Pure: the orchestrator (cluster/orchestrator.py) gathers the facts (the map, who is
   live, each live replica's seqnos) and writes what is decided here.
 - The replica promoted is the live one with the highest seqno for the vbucket (the one
-  that lost the fewest acknowledged writes); a replica whose seqnos could not be read
-  ranks below every one that answered, and one that answered without the vbucket in
-  replica state is no candidate at all (it holds no copy); ties go to chain order. The
+  that lost the fewest acknowledged writes, so it holds every write answered at
+  MAJORITY: a majority of the chain held it, so at least one live replica does); a
+  replica whose seqnos could not be read ranks below every one that answered, and one
+  that answered without the vbucket in replica state is no candidate at all (it holds
+  no copy); ties go to chain order.
+- A seqno counts only on the branch of history the failed active wrote (``valid_seqno``,
+  from the candidates' failover logs): a replica whose newest branch another candidate
+  knows as an older one (a former active rejoined as a replica, not yet rolled back)
+  holds seqnos above that branch's end that are not this history; they count no higher
+  than that end. Else a stale copy with a higher seqno would be promoted and the
+  writes the others acknowledged rolled back. The
   other replicas stay in the chain after it, the failed node's slots become empty (-1)
   and the node leaves the server list: the map no longer counts on it, and it is not
   reported down.
@@ -19,12 +27,22 @@ Rules of this module:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from .vbmap import VBucketMap
 
-__all__ = ["FailoverPlan", "auto_refusal", "orphans", "plan_failover", "replicas_to_ask"]
+__all__ = [
+    "FailoverPlan",
+    "auto_refusal",
+    "orphans",
+    "plan_failover",
+    "replicas_to_ask",
+    "valid_seqno",
+]
+
+#: a vbucket's failover log, newest first: (vb uuid, seqno its branch starts at)
+Log = Sequence[tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -62,9 +80,13 @@ def plan_failover(
     node: str,
     live: Collection[str],
     seqnos: Mapping[str, Mapping[int, int]],
+    logs: Mapping[str, Mapping[int, Log]] | None = None,
 ) -> FailoverPlan:
     """The map with ``node`` failed over (see the module rules). ``seqnos``: per live
-    replica, its replica vbuckets' high seqnos (a replica missing here ranks last)."""
+    replica, its replica vbuckets' high seqnos (a replica missing here ranks last);
+    ``logs``: per live replica, the failover logs of those vbuckets (a log missing is
+    taken as on the newest branch)."""
+    logs = logs or {}
     width = vbmap.num_replicas + 1
     chains: list[list[str | None]] = []
     promoted: dict[int, str] = {}
@@ -81,10 +103,15 @@ def plan_failover(
                 if r in live and r != node and (r not in seqnos or vb in seqnos[r])
             ]
             if candidates:
-                best = max(
-                    candidates,
-                    key=lambda r: (seqnos.get(r, {}).get(vb, -1), -candidates.index(r)),
-                )
+                highs = {r: seqnos.get(r, {}).get(vb, -1) for r in candidates}
+                found = {r: logs[r][vb] for r in candidates if vb in logs.get(r, {})}
+                valid = {
+                    r: valid_seqno(highs[r], found[r], [(highs[o], found[o]) for o in found])
+                    if r in found
+                    else highs[r]
+                    for r in candidates
+                }
+                best = max(candidates, key=lambda r: (valid[r], -candidates.index(r)))
                 promoted[vb] = best
                 chain: list[str | None] = [best, *(r for r in replicas if r != best)]
             else:
@@ -98,6 +125,32 @@ def plan_failover(
         raise ValueError(f"failing over {node} would leave no node in the map")
     new = VBucketMap.from_names(vbmap.num_replicas, chains, servers=servers)
     return FailoverPlan(node, new, promoted, unavailable)
+
+
+def valid_seqno(high: int, log: Log, others: Sequence[tuple[int, Log]]) -> int:
+    """How much of a copy at ``high`` with failover log ``log`` is on the newest branch
+    known to the copies ``others`` ((high, log) each): ``high``, unless another copy's
+    log lists this one's newest branch as an older one, then no more than the seqno its
+    next branch starts at. A branch that begins at or above a copy's own high seqno
+    (the entry a restart adds) holds none of that copy's data, so it proves nothing
+    and is skipped."""
+    mine = _live_branches(high, log)
+    if not mine:
+        return high
+    valid = high
+    for other_high, other_log in others:
+        theirs = _live_branches(other_high, other_log)
+        if mine[0] in theirs[1:]:
+            valid = min(valid, theirs[theirs.index(mine[0]) - 1][1])
+    return valid
+
+
+def _live_branches(high: int, log: Log) -> list[tuple[int, int]]:
+    """``log`` without the newest entries that start at or above ``high``."""
+    entries = [(int(u), int(s)) for u, s in log]
+    while len(entries) > 1 and entries[0][1] >= high:
+        entries.pop(0)
+    return entries
 
 
 def auto_refusal(

@@ -4,11 +4,13 @@ Rules of this module:
 - The decisions are cluster/failover.py's (pure); this module gathers what they need
   (the live replicas' seqnos, through ``NodeControl``), writes the result through the
   orchestrator's guarded CAS and reports in its ``StatusBoard``.
-- Automatic: the replicas whose seqnos decide must all answer, else it is refused this
-  time (retried at the next poll): promoting without knowing who has the most would
-  lose acknowledged writes needlessly. The write is guarded on the failed node's key
-  being absent; then the ``autofailover`` count goes up by one (a CAS loop, so a reset
-  by an operator at the same moment is not overwritten with an older count).
+- Automatic: the replicas whose seqnos decide must all answer, with their seqnos and
+  the failover logs of the vbuckets concerned (which branch those seqnos are on), else
+  it is refused this time (retried at the next poll): promoting without knowing who
+  has the most would lose acknowledged writes needlessly. The write is guarded on the
+  failed node's key being absent; then the ``autofailover`` count goes up by one (a
+  CAS loop, so a reset by an operator at the same moment is not overwritten with an
+  older count).
 - Hard (``requests/failover``, graceful false): as automatic without the count or the
   one-down rule, also for a live node: that one is first made to stop taking writes
   (``_stop_live_node``: forward chains, its actives set dead, replicas given a moment
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["auto_failover", "failover_request"]
 
+SeqnoMap = dict[str, dict[int, int]]
+
 log = logging.getLogger("dcp.cluster")
 
 #: a live node being hard-failed-over: how often its actives are set dead and checked,
@@ -67,6 +71,25 @@ async def replica_seqnos(
             out[node] = await orch.control.seqnos(addr, VBucketState.REPLICA)
         except ControlUnavailable as exc:
             log.warning("replica seqnos of %s: %s", node, exc)
+    return out
+
+
+async def replica_logs(
+    orch: Orchestrator, view: ClusterView, vbmap: VBucketMap, node: str, seqnos: SeqnoMap
+) -> dict[str, dict[int, list[tuple[int, int]]]]:
+    """The failover logs of ``node``'s active vbuckets on each replica that said its
+    seqnos (which branch those seqnos are on: cluster/failover.py ``valid_seqno``)."""
+    out: dict[str, dict[int, list[tuple[int, int]]]] = {}
+    mine = {vb for vb in range(vbmap.num_vbuckets) if vbmap.active(vb) == node}
+    for replica, held in sorted(seqnos.items()):
+        addr = view.address(replica)
+        vbs = sorted(mine & held.keys())
+        if addr is None or not vbs:
+            continue
+        try:
+            out[replica] = await orch.control.failover_logs(addr, vbs)
+        except ControlUnavailable as exc:
+            log.warning("failover logs of %s: %s", replica, exc)
     return out
 
 
@@ -93,20 +116,24 @@ async def auto_failover(orch: Orchestrator, view: ClusterView, vbmap: VBucketMap
     live = view.live
     reason = auto_refusal(vbmap, node, down, live, view.auto_count, s.auto_failover_max_count)
     seqnos: dict[str, dict[int, int]] = {}
+    logs: dict[str, dict[int, list[tuple[int, int]]]] = {}
     if reason is None:
         ask = replicas_to_ask(vbmap, node, live)
         seqnos = await replica_seqnos(orch, view, ask)
         missing = sorted(ask - seqnos.keys())
+        if not missing:
+            logs = await replica_logs(orch, view, vbmap, node, seqnos)
+            missing = sorted(ask - logs.keys())
         if missing:
             reason = (
-                f"replica(s) {', '.join(missing)} did not say their seqnos: the replica "
-                "to promote cannot be chosen"
+                f"replica(s) {', '.join(missing)} did not say their seqnos and failover "
+                "logs: the replica to promote cannot be chosen"
             )
     if reason is not None:
         orch.board.set_failover(node=node, state="refused", message=reason, auto=True)
         orch.say(f"automatic failover of {node} refused: {reason}")
         return False
-    plan = plan_failover(vbmap, node, live, seqnos)
+    plan = plan_failover(vbmap, node, live, seqnos, logs)
     if plan.unavailable:
         reason = (
             f"{len(plan.unavailable)} vbuckets active on {node} have no replica holding a "
@@ -264,7 +291,8 @@ async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) 
                 "them over to (a hard failover would leave them unavailable)"
             )
     seqnos = await replica_seqnos(orch, view, replicas_to_ask(vbmap, node, others))
-    plan = plan_failover(vbmap, node, others, seqnos)
+    logs = await replica_logs(orch, view, vbmap, node, seqnos)
+    plan = plan_failover(vbmap, node, others, seqnos, logs)
     if not graceful:
         revision = view.map_revision
         if node in view.live:
