@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import trio
 
 from dcp.producer import seqno_ack
 from dcp.producer.metrics import render
@@ -135,3 +136,30 @@ def test_the_ack_needs_the_stream_privilege() -> None:
         Opcode.DCP_STREAM_REQ
     ]
 
+
+
+async def test_wait_stable_is_called_back_on_the_ack_and_soon_when_already_stable(
+    tmp_path: Path,
+) -> None:
+    """What a stable-only stream relies on: the server's monitor calls back on the trio
+    thread once the stable seqno reaches the wanted one, never from inside the call."""
+    async with running_server(tmp_path / "d") as server, client_of(server) as w:
+        server.durability.set_topology([("self", "B")] * NVB)
+        replica, opaque = await replica_of(server, 1)
+        try:
+            (k,) = keys_for_vb(1, 1, NVB)
+            await w.set(k, b"v")
+            stable = trio.Event()
+            server.durability.wait_stable(1, 1, stable.set)
+            await read_mutation(replica, 1)
+            assert not stable.is_set()
+            await replica.send(codec.seqno_acknowledged(1, opaque, 1))
+            with trio.fail_after(5):
+                await stable.wait()
+            again = trio.Event()
+            server.durability.wait_stable(1, 1, again.set)  # already stable
+            assert not again.is_set()  # not from inside wait_stable
+            with trio.fail_after(5):
+                await again.wait()
+        finally:
+            await replica.aclose()
