@@ -7,8 +7,8 @@ Rules of this module:
   thread (it ends at its own socket timeout) so a hung etcd never holds a task.
 - Each worker thread has its own etcd3gw client (``threading.local``): a requests session
   is not documented as safe to share between threads.
-- Any failure to get an answer (refused, timed out, an HTTP error, a malformed answer)
-  becomes ``StoreUnavailable`` naming the endpoint and the operation. A lease that etcd
+- Any failure to get an answer (refused, timed out, an HTTP error, a malformed answer, an
+  answer cut off by etcd dying mid-reply) becomes ``StoreUnavailable`` naming the endpoint and the operation. A lease that etcd
   no longer knows (it expired or was revoked) is a fact, not an outage: ``LeaseExpired``.
 - Conditional writes are single etcd transactions: ``compare_and_put`` puts only if the
   key's mod revision is the one given (0: only if absent) and, with a ``Guard``, only if
@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import etcd3gw
+import requests
 import trio
 from etcd3gw import exceptions as etcd_errors
 
@@ -172,6 +173,8 @@ class EtcdStore:
                 raise StoreUnavailable(
                     f"etcd at {self.endpoint}: {what}: malformed answer ({exc!r})"
                 ) from exc
+            except requests.RequestException as exc:  # cut off mid-answer (etcd killed)
+                raise StoreUnavailable(f"etcd at {self.endpoint}: {what}: {exc!r}") from exc
 
         with trio.move_on_after(self.timeout + 1.0):
             return await trio.to_thread.run_sync(guarded, abandon_on_cancel=True)
