@@ -95,7 +95,7 @@ DEFAULTS = {
     "levels": None,
 }
 #: per command, between DEFAULTS and --tiny: sized so the full command takes <= 3 min
-COMMAND_DEFAULTS = {"durability": {"seconds": 4.0, "reps": 2}}
+COMMAND_DEFAULTS = {"durability": {"seconds": 3.0, "reps": 2}}
 TINY = {
     "items": 3000,
     "fanout_items": 2000,
@@ -122,7 +122,7 @@ def _common(p: argparse.ArgumentParser, scenario: str) -> None:
         g.add_argument(
             "--seconds",
             type=float,
-            help="latency/lag: seconds of writing (30; durability: 4 per run)",
+            help="latency/lag: seconds of writing (30; durability: 3 per run)",
         )
         g.add_argument("--rate", type=int, help="latency/lag: writes per second (10000)")
     if scenario in ("fanout", "tls", "all"):
