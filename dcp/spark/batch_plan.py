@@ -10,6 +10,12 @@ Rules of this module:
   when it answers, so later writes cannot be deduplicated into it). The planner remembers
   the boundaries it saw, and a row limit cuts at the largest remembered boundary within
   budget; at least one boundary is taken per batch so a stream always progresses.
+- Stable-only (``stable`` given): an end is also at or below the vbucket's stable seqno,
+  so no batch ends where a single node failure could roll it back: the largest observed
+  boundary (or target) at or below it, else nothing for that vbucket yet. The stable
+  seqno itself is not taken as an end: it need not be a boundary of the stream a task
+  reads (a snapshot across it makes the range merged), and it becomes one as soon as a
+  later high seqno at or below it has been observed.
 - A rewind goes back to a change-set boundary the sink has: the rollback seqno only when
   it is one (the start of the change set that ended at the position, ``p``), else that
   start when it is below the rollback seqno, else 0 (``rewind_point``). Rows delivered
@@ -155,6 +161,7 @@ def plan_end(
     target: Mapping[int, int] | None = None,
     on_rollback: str = "fail",
     floor: Mapping[int, int] | None = None,
+    stable: Mapping[int, int] | None = None,
 ) -> Offsets:
     """The end offset of the next batch (``start`` itself when there is nothing new).
 
@@ -171,6 +178,7 @@ def plan_end(
             whose executors may have found the branch gone and delivered nothing past
             it. Rewinding lower than needed only repeats changes after an explicit
             rollback row; rewinding higher would lose them.
+        stable: stable-only: never end above these seqnos (see the module rules).
     """
     end: Offsets = dict(start)
     options: dict[int, list[int]] = {}
@@ -200,6 +208,9 @@ def plan_end(
         cands = [b for b in boundaries.get(vb, ()) if pos.seqno < b < cap]
         if cap > pos.seqno:
             cands.append(cap)
+        if stable is not None:
+            top = stable.get(vb, 0)
+            cands = [c for c in cands if c <= top]
         if cands:
             options[vb] = cands
     for vb, e in _budget_ends(start, options, limit).items():

@@ -298,6 +298,10 @@ class NodeView:
             self._seen[addr] = (id(c), gen)
         return c, gen
 
+    def client(self, addr: Address) -> WireClient:
+        """The kept connection to ``addr`` (for requests of other modules: stable.py)."""
+        return self._client(addr)[0]
+
     def describe(self) -> str:
         return self.topology.describe()
 

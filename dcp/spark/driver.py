@@ -19,6 +19,14 @@ Rules of this module:
 - Every high seqno the server returns is a snapshot boundary (it closes each open
   checkpoint when it answers); they are remembered per vbucket so a row limit can cut
   between them. Decisions are ``batch_plan.py``'s; this module only gathers their inputs.
+- ``stableOnly``: each refresh also asks the vbuckets' active nodes for their stable
+  seqnos (``stable.py``; the other queries make no extra request), and no planned end is
+  above one: a micro-batch ends at an observed boundary at or below it
+  (``batch_plan.plan_end``), while the one-off points (``startingOffsets=latest``, a
+  batch read's end, an ``availableNow`` run's target) are the stable seqno itself,
+  clamped to the high seqno. So a failover can never take back a planned end and turn
+  it into a rollback. Positions given by the user are theirs (checked against the high
+  seqnos as before); rollback checks always use the high seqnos.
 - ``startingOffsets=latest`` is resolved once per ``startingOffsetsFile`` and read back
   from that file ever after (Spark calls ``initialOffset`` again on restarts and replays).
 - A lost connection is retried for ``retryTimeout`` (forever when infinite), with one
@@ -54,6 +62,7 @@ from .offsets import (
     write_file_atomic,
 )
 from .options import SourceConfig
+from .stable import stable_seqnos
 from .wire import ConnectionLost, WireClient
 
 __all__ = ["Planner", "server_keeps_history"]
@@ -72,6 +81,7 @@ class Planner:
         self._nodes = NodeView(cfg, clock=clock)
         self._fetched_at = -1e18
         self._highs: dict[int, int] = {}
+        self._stable: dict[int, int] = {}  # stableOnly: per vbucket, at most its high
         self._logs: dict[int, FailoverLog] = {}
         self._log_high: dict[int, int] = {}  # high seqno when the vbucket's log was fetched
         self._boundaries: dict[int, list[int]] = {}
@@ -104,6 +114,8 @@ class Planner:
                     )
                 self._vbuckets = list(wanted)
         highs = {vb: all_highs[vb] for vb in self._vbuckets if vb in all_highs}
+        if self.cfg.stable_only:  # before anything is recorded: a failure changes nothing
+            self._stable = stable_seqnos(nodes, highs, owner)
         for vb in highs:  # a new connection, or another node: its log and boundaries anew
             if self._log_owner.get(vb) != owner[vb]:
                 self._log_high.pop(vb, None)
@@ -174,6 +186,11 @@ class Planner:
         self._fetched_at = self._clock()
         return self._highs, self._logs
 
+    def ends(self) -> dict[int, int]:
+        """Where "now" is per vbucket for planning: the high seqnos, or with
+        ``stableOnly`` the stable seqnos (of the last refresh)."""
+        return dict(self._stable if self.cfg.stable_only else self._highs)
+
     def owners(self) -> dict[int, Address] | None:
         """Where each vbucket of the query is read now: the node holding it active
         (None: a single server, read at the address the query was given)."""
@@ -208,9 +225,10 @@ class Planner:
         if cfg.starting_offsets == "earliest":
             offsets = earliest(vbs)
         elif cfg.starting_offsets == "latest":
-            highs, logs = self.refresh(force=True)
+            _, logs = self.refresh(force=True)
+            now = self.ends()
             offsets = {
-                vb: VbPosition(branch_uuid(logs.get(vb, ()), highs[vb]), highs[vb]) for vb in vbs
+                vb: VbPosition(branch_uuid(logs.get(vb, ()), now[vb]), now[vb]) for vb in vbs
             }
         else:
             offsets = parse_starting_offsets(cfg.starting_offsets, vbs)
@@ -235,19 +253,18 @@ class Planner:
 
     def ending_offsets(self) -> Offsets:
         """Batch reads: where each vbucket ends (option endingOffsets, default the high
-        seqnos now)."""
-        highs, logs = self.refresh(force=True)
+        seqnos now; with stableOnly the stable seqnos)."""
+        _, logs = self.refresh(force=True)
+        now = self.ends()
         vbs = self.vbuckets()
         if self.cfg.ending_offsets == "latest":
-            return {
-                vb: VbPosition(branch_uuid(logs.get(vb, ()), highs[vb]), highs[vb]) for vb in vbs
-            }
+            return {vb: VbPosition(branch_uuid(logs.get(vb, ()), now[vb]), now[vb]) for vb in vbs}
         given = parse_starting_offsets(self.cfg.ending_offsets, vbs)
         self.check_reached(given, "endingOffsets")
-        # vbuckets not named end at their high seqno, like Kafka's -1 ("latest")
+        # vbuckets not named end "now", like Kafka's -1 ("latest")
         named = _named_vbuckets(self.cfg.ending_offsets)
         return self.on_branches(
-            {vb: (given[vb] if vb in named else VbPosition(0, highs[vb])) for vb in vbs}
+            {vb: (given[vb] if vb in named else VbPosition(0, now[vb])) for vb in vbs}
         )
 
     def on_branches(self, offsets: Offsets) -> Offsets:
@@ -279,9 +296,10 @@ class Planner:
         return ok
 
     def target(self) -> dict[int, int]:
-        """The current high seqnos (the end of an availableNow run)."""
-        highs, _ = self.refresh(force=True)
-        return dict(highs)
+        """The current high seqnos, or stable seqnos with stableOnly (the end of an
+        availableNow run)."""
+        self.refresh(force=True)
+        return self.ends()
 
     def latest(
         self,
@@ -318,6 +336,7 @@ class Planner:
             target=target,
             on_rollback=self.cfg.on_rollback,
             floor=floor,
+            stable=self._stable if self.cfg.stable_only else None,
         )
         for vb, pos in end.items():
             if pos.rollback is not None:  # boundaries of the abandoned branch are void

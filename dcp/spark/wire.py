@@ -309,6 +309,47 @@ class WireClient:
         self.check(f, "GET_ALL_VB_SEQNOS refused")
         return dict(codec.parse_all_vb_seqnos(bytes(f.value)))
 
+    def stats(self, groups: list[str]) -> list[dict[str, str]]:
+        """The pairs of each STAT group of ``groups`` (e.g. ``"vbucket-seqno 3"``), one
+        pipelined call. A STAT answer is one response per pair, ended by one with an
+        empty key, so it is collected here rather than by ``call`` (which takes one
+        response per request). A refusal raises the protocol's ``StatusError``."""
+        if not groups:
+            return []
+        proto = self.proto
+        opaques = [proto.expect(proto.next_opaque(), stat=True) for _ in groups]
+        index = {o: i for i, o in enumerate(opaques)}
+        self.send(
+            b"".join(
+                codec.request(Opcode.STAT, opaque=o, key=g.encode())
+                for o, g in zip(opaques, groups, strict=True)
+            )
+        )
+        out: list[dict[str, str]] = [{} for _ in groups]
+        open_ = len(groups)
+        refused: tuple[Frame, str] | None = None
+        while open_:
+            for e in proto.receive_data(self.read_chunk()):
+                i = index.get(e.opaque) if type(e) is Answer else None
+                if i is None:
+                    continue
+                f = e.result
+                if f.status != Status.SUCCESS or not f.key:
+                    del index[e.opaque]  # the group's last answer
+                    open_ -= 1
+                    if f.status != Status.SUCCESS and refused is None:
+                        refused = (f, groups[i])
+                    continue
+                out[i][bytes(f.key).decode("utf-8", "replace")] = bytes(f.value).decode(
+                    "utf-8", "replace"
+                )
+            reply = proto.data_to_send()  # noop replies
+            if reply:
+                self.send(reply)
+        if refused is not None:  # after every answer: the connection stays usable
+            self.check(refused[0], f"STAT {refused[1]!r} refused")
+        return out
+
     def cluster_config(self) -> bytes | None:
         """The bucket config JSON (GET_CLUSTER_CONFIG); None from a server that does not
         know the command (a single server of an older kind)."""
