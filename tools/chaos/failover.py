@@ -88,15 +88,20 @@ class _Run:
         self.findings: list[str] = []
         self.logs_by_vb: dict[int, set[tuple[tuple[int, int], ...]]] = {}
 
-    async def collect_logs(self) -> None:
-        """Remember every failover log the running nodes hold (for the epoch checks)."""
-        for logs in (await self.cl.logs()).values():
+    async def collect_logs(self, when: str = "") -> None:
+        """Remember every failover log the running nodes hold (for the epoch checks), and
+        append them, with the wall clock of the nodes' logs, to ``failover_logs.jsonl``
+        (for a post-mortem of a finding)."""
+        seen = await self.cl.logs()
+        for logs in seen.values():
             for vb, log in logs.items():
                 self.logs_by_vb.setdefault(vb, set()).add(tuple(log))
+        with open(self.workdir / "failover_logs.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), "when": when, "logs": seen}) + "\n")
 
     async def fault_round(self, rnd: int, kind: str, heal_timeout: float) -> None:
         cl, rng = self.cl, self.rng
-        rec: dict[str, Any] = {"round": rnd, "kind": kind}
+        rec: dict[str, Any] = {"round": rnd, "kind": kind, "at": time.strftime("%H:%M:%S")}
         t0 = trio.current_time()
         if kind == "etcd":
             cl.etcd.kill()
@@ -119,7 +124,7 @@ class _Run:
             rec["failed_over_s"] = round(took, 2)
             if last:
                 self.errors.append(f"round {rnd} ({kind} {victim}): no failover: {last}")
-            await self.collect_logs()
+            await self.collect_logs(f"round {rnd}: {victim} failed over")
             if kind == "kill":
                 await cl.start_node(victim)
             else:
@@ -130,7 +135,7 @@ class _Run:
         if last:
             rec["not_healed"] = last
             self.errors.append(f"round {rnd} ({kind}): not healed in {took:.0f} s: {last}")
-        await self.collect_logs()
+        await self.collect_logs(f"round {rnd}: healed")
         self.rounds.append(rec)
         for name, node in cl.nodes.items():
             if not node.alive():  # died by itself: a finding, and the run goes on without it
