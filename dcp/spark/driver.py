@@ -22,11 +22,12 @@ Rules of this module:
 - ``stableOnly``: each refresh also asks the vbuckets' active nodes for their stable
   seqnos (``stable.py``; the other queries make no extra request), and no planned end is
   above one: a micro-batch ends at an observed boundary at or below it
-  (``batch_plan.plan_end``), while the one-off points (``startingOffsets=latest``, a
-  batch read's end, an ``availableNow`` run's target) are the stable seqno itself,
-  clamped to the high seqno. So a failover can never take back a planned end and turn
-  it into a rollback. Positions given by the user are theirs (checked against the high
-  seqnos as before); rollback checks always use the high seqnos.
+  (``batch_plan.plan_end``), while a one-off point (``startingOffsets=latest``, a
+  batch read's end, an ``availableNow`` run's target) is the high seqno once it is
+  stable, waited for briefly, else the stable seqno reached (``now``). So a failover
+  can never take back a planned end and turn it into a rollback. Positions given by
+  the user are theirs (checked against the high seqnos as before); rollback checks
+  always use the high seqnos.
 - ``startingOffsets=latest`` is resolved once per ``startingOffsetsFile`` and read back
   from that file ever after (Spark calls ``initialOffset`` again on restarts and replays).
 - A lost connection is retried for ``retryTimeout`` (forever when infinite), with one
@@ -70,6 +71,10 @@ __all__ = ["Planner", "server_keeps_history"]
 log = logging.getLogger("dcp.spark")
 
 _MAX_BOUNDARIES = 4096
+#: stableOnly: how long a one-off point waits for the high seqnos to become stable
+#: (a flush interval on one server, a replication round trip on a cluster: far less)
+STABLE_SETTLE_SECONDS = 2.0
+_SETTLE_POLL = 0.02
 
 
 class Planner:
@@ -186,10 +191,24 @@ class Planner:
         self._fetched_at = self._clock()
         return self._highs, self._logs
 
-    def ends(self) -> dict[int, int]:
-        """Where "now" is per vbucket for planning: the high seqnos, or with
-        ``stableOnly`` the stable seqnos (of the last refresh)."""
-        return dict(self._stable if self.cfg.stable_only else self._highs)
+    def now(self) -> dict[int, int]:
+        """Where "now" is per vbucket for the one-off points (``startingOffsets=latest``,
+        a batch read's end, an availableNow target), after a fresh refresh: the high
+        seqnos; with ``stableOnly``, the high seqnos of this refresh once they are stable,
+        waited for up to ``STABLE_SETTLE_SECONDS`` (a high seqno is a boundary of every
+        stream, the stable seqno need not be: see ``batch_plan``), else the stable seqno
+        reached by then."""
+        self.refresh(force=True)
+        highs = dict(self._highs)
+        if not self.cfg.stable_only:
+            return highs
+        deadline = time.monotonic() + min(self.cfg.timeout, STABLE_SETTLE_SECONDS)
+        while any(self._stable[vb] < h for vb, h in highs.items()):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(_SETTLE_POLL)
+            self.refresh(force=True)
+        return {vb: min(h, self._stable[vb]) for vb, h in highs.items()}
 
     def owners(self) -> dict[int, Address] | None:
         """Where each vbucket of the query is read now: the node holding it active
@@ -225,8 +244,8 @@ class Planner:
         if cfg.starting_offsets == "earliest":
             offsets = earliest(vbs)
         elif cfg.starting_offsets == "latest":
-            _, logs = self.refresh(force=True)
-            now = self.ends()
+            now = self.now()
+            logs = self._logs
             offsets = {
                 vb: VbPosition(branch_uuid(logs.get(vb, ()), now[vb]), now[vb]) for vb in vbs
             }
@@ -254,8 +273,8 @@ class Planner:
     def ending_offsets(self) -> Offsets:
         """Batch reads: where each vbucket ends (option endingOffsets, default the high
         seqnos now; with stableOnly the stable seqnos)."""
-        _, logs = self.refresh(force=True)
-        now = self.ends()
+        now = self.now()
+        logs = self._logs
         vbs = self.vbuckets()
         if self.cfg.ending_offsets == "latest":
             return {vb: VbPosition(branch_uuid(logs.get(vb, ()), now[vb]), now[vb]) for vb in vbs}
@@ -298,8 +317,7 @@ class Planner:
     def target(self) -> dict[int, int]:
         """The current high seqnos, or stable seqnos with stableOnly (the end of an
         availableNow run)."""
-        self.refresh(force=True)
-        return self.ends()
+        return self.now()
 
     def latest(
         self,

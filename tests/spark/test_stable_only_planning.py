@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dcp.protocol import FrameReader, Opcode, Status, codec
+from dcp.spark import driver
 from dcp.spark.batch_plan import plan_end
 from dcp.spark.driver import Planner
 from dcp.spark.errors import RangeUnavailableError
@@ -66,7 +67,8 @@ def test_plan_end_never_ends_above_the_stable_seqno() -> None:
     assert _seqnos(end) == {0: 20, 1: 0, 2: 25}
 
 
-def test_stable_only_plans_stop_at_the_persisted_seqno_until_it_moves(server) -> None:
+def test_stable_only_plans_stop_at_the_persisted_seqno_until_it_moves(server, monkeypatch) -> None:
+    monkeypatch.setattr(driver, "STABLE_SETTLE_SECONDS", 0.2)  # never settles here
     vbs = list(range(VBS))
     _write(server, 1, 4, b"a")
     server.flush()
@@ -86,7 +88,8 @@ def test_stable_only_plans_stop_at_the_persisted_seqno_until_it_moves(server) ->
         got = _seqnos(stable.latest(start))
         assert (got[1], got[2]) == (4, 0)
         assert all(got[vb] <= _persisted(server, vb) for vb in vbs)
-        # the one-off points: an availableNow run's target, a batch read's end
+        # the one-off points (an availableNow run's target, a batch read's end): the
+        # high seqnos are not stable within the wait, so the stable seqnos
         assert (stable.target()[1], stable.target()[2]) == (4, 0)
         assert (normal.target()[1], normal.target()[2]) == (8, 3)
         ends = _seqnos(stable.ending_offsets())
@@ -109,6 +112,27 @@ def test_stable_only_plans_stop_at_the_persisted_seqno_until_it_moves(server) ->
     finally:
         normal.close()
         stable.close()
+
+
+def test_a_one_off_point_waits_briefly_for_the_high_seqno_to_be_stable(server) -> None:
+    """A batch read's end (and an availableNow target, startingOffsets=latest) is a high
+    seqno, a boundary of every stream, once it is stable; not the stable seqno of the
+    moment, which may fall inside the snapshot a task reads."""
+    _write(server, 1, 4, b"a")
+    server.flush()
+    server.pause_persistence()
+    _write(server, 1, 4, b"b", start=4)
+    timer = threading.Timer(0.4, server.call, (server.server.resume_persistence,))
+    planner = Planner(_cfg(server.port, stableOnly="true"))
+    t0 = time.monotonic()
+    timer.start()
+    try:
+        ends = _seqnos(planner.ending_offsets())
+    finally:
+        timer.join()
+        planner.close()
+    assert ends[1] == 8 and _persisted(server, 1) == 8
+    assert 0.3 < time.monotonic() - t0 < driver.STABLE_SETTLE_SECONDS + 1
 
 
 def test_on_a_cluster_each_active_node_is_asked_for_its_stable_seqnos(tmp_path: Path) -> None:
