@@ -72,8 +72,9 @@ OPTIONS = {
     "tlscertfile": "client certificate (PEM, with its key unless tlsKeyFile) for mutual TLS; "
     "turns TLS on (default: DCP_TLS_CERT)",
     "tlskeyfile": "the client certificate's key file (default: DCP_TLS_KEY)",
-    "stableonly": "'true': read only changes no single node failure can roll back (each "
-    "task waits until its range is stable); 'false' (default): read as soon as written",
+    "stableonly": "'true': read only changes no single node failure can roll back "
+    "(batches are planned up to the stable seqnos, and each task waits until its range "
+    "is stable; needs the 'stats' privilege); 'false' (default): read as soon as written",
 }
 
 _ALIASES = {
