@@ -8,8 +8,9 @@ Rules of this module:
 - Each worker thread has its own etcd3gw client (``threading.local``): a requests session
   is not documented as safe to share between threads.
 - Any failure to get an answer (refused, timed out, an HTTP error, a malformed answer, an
-  answer cut off by etcd dying mid-reply) becomes ``StoreUnavailable`` naming the endpoint and the operation. A lease that etcd
-  no longer knows (it expired or was revoked) is a fact, not an outage: ``LeaseExpired``.
+  answer cut off by etcd dying mid-reply) becomes ``StoreUnavailable`` naming the
+  endpoint and the operation. A lease that etcd no longer knows (it expired or was
+  revoked) is a fact, not an outage: ``LeaseExpired``.
 - Conditional writes are single etcd transactions: ``compare_and_put`` puts only if the
   key's mod revision is the one given (0: only if absent) and, with a ``Guard``, only if
   another key still exists with the create revision given (several guards: all must
