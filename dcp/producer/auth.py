@@ -11,8 +11,10 @@ Rules of this module:
   path too) is answered EACCESS. After SASL succeeds the table is rebuilt in place (the
   reader holds the same dict) from ``OPCODE_PRIVILEGES``: an opcode whose privilege the
   user lacks is answered EACCESS, the others go straight to the server's handlers (no
-  check per request). One exception: a DCP_STREAM_REQ with the TAKEOVER flag hands the
-  vbucket over (kills it here), so without ``admin`` it is EACCESS.
+  check per request). Two exceptions: a DCP_STREAM_REQ with the TAKEOVER flag hands the
+  vbucket over (kills it here), so without ``admin`` it is EACCESS; the DCP control
+  ``consumer_name`` (speaking for a replica, as DCP_SEQNO_ACKNOWLEDGED) needs
+  ``replicate``. Without a users file neither is checked: anyone may do anything.
 - ``OPCODE_PRIVILEGES`` is the one table of what each served opcode needs (a test checks
   it covers every opcode the server serves); an opcode missing from it needs ``admin``.
 - An unauthenticated peer gets little: a request body over ``PRE_AUTH_MAX_BODY`` closes
@@ -30,7 +32,8 @@ Rules of this module:
   and its gate are freed at once, not at a (rare) full garbage collection.
 - ``Authenticator.reload`` (SIGHUP) re-reads the file; a bad file is logged and the old
   users stay. Connected users get their new privileges at once; a removed user's
-  connection is closed, and so is a DCP connection whose user lost ``stream``. A new
+  connection is closed, and so is a DCP connection whose user lost ``stream`` (or
+  ``replicate``, once it set ``consumer_name``). A new
   password only matters to the next authentication.
 
 Wiring (server side): ``DcpServer.authenticator = Authenticator.from_config(config)``

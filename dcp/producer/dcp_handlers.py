@@ -14,6 +14,10 @@ Rules of this module:
   ``Takeover`` (takeover.py) that hands the vbucket over once the stream is caught up;
   the consumer's SUCCESS to its DCP_SET_VBUCKET_STATE (``StateAcked``) is routed to it by
   the stream's opaque. A refusal of any DCP message closes the connection.
+- A stable-only connection (control ``stable_only``) may stream active vbuckets only,
+  else NOT_MY_VBUCKET: the stable seqno is known on the active alone.
+- ``consumer_name`` is set once per connection (the same name again is fine, another is
+  EINVAL): the acks recorded under it are forgotten when the connection goes.
 - DCP_SEQNO_ACKNOWLEDGED (a replica's ack) is seqno_ack.py's.
 """
 
@@ -131,9 +135,14 @@ def control(conn: Connection, f: Frame) -> None:
             return bad("expected true or false")
         conn.options.stable_only = _TRUE[val]
     elif key == "consumer_name":
-        # the node name a replica acknowledges under (DCP_SEQNO_ACKNOWLEDGED)
+        # the node name a replica acknowledges under (DCP_SEQNO_ACKNOWLEDGED); the gate
+        # asks for 'replicate' first when users are configured (gate.py)
         if not raw or len(raw) > 200:
             return bad("expected a node name of 1-200 characters")
+        if conn.consumer_name is not None and conn.consumer_name != raw:
+            # one connection speaks for one node: switching would leave the first
+            # node's acks recorded under a name this connection no longer answers for
+            return bad(f"this connection already acknowledges as {conn.consumer_name!r}")
         conn.consumer_name = raw
     elif key == "change_streams":
         if val != "true":
@@ -192,6 +201,16 @@ def stream_req(conn: Connection, f: Frame) -> None:
             Status.NOT_MY_VBUCKET,
             f.opaque,
             f"takeover of vb {vbid}: it is {vb.state.name}, not active",
+        )
+        return
+    if conn.options.stable_only and vb.state is not VBucketState.ACTIVE:
+        # only the active knows a stable seqno (0 elsewhere): such a stream would wait
+        # forever; NOT_MY_VBUCKET sends the client to the map's active instead
+        conn.error(
+            f.opcode,
+            Status.NOT_MY_VBUCKET,
+            f.opaque,
+            f"stable-only stream of vb {vbid}: it is {vb.state.name} here, not active",
         )
         return
     decision = decide_stream_request(

@@ -6,7 +6,11 @@ Rules of this module (the whole design is in auth.py's rules):
   ``PRE_AUTH_OPCODES`` and every other request is EACCESS; after it, ``_fill`` rebuilds
   it in place from ``OPCODE_PRIVILEGES`` (the one table of what each served opcode needs;
   an opcode missing from it needs ``admin``). A DCP_STREAM_REQ with the TAKEOVER flag
-  needs ``admin`` too: it kills this node's copy of the vbucket.
+  needs ``admin`` too: it kills this node's copy of the vbucket. The DCP control
+  ``consumer_name`` needs ``replicate``, as DCP_SEQNO_ACKNOWLEDGED does: the two let a
+  connection speak for a replica node, whose acks release MAJORITY writes, and every
+  change consumer has ``stream``. A reload that takes ``replicate`` away closes a
+  connection that set ``consumer_name`` (its acks are then forgotten, connection.py).
 - ``bind`` limits the connection's request bodies to ``PRE_AUTH_MAX_BODY`` until it has
   authenticated (its header is checked before the body is read: a bigger one closes it).
 - No reference cycle holds a connection: the gate knows it through a weak reference, and
@@ -79,7 +83,7 @@ OPCODE_PRIVILEGES: Mapping[int, str | None] = {
     Opcode.DCP_CLOSE_STREAM: "stream",
     Opcode.DCP_GET_FAILOVER_LOG: "stream",
     Opcode.DCP_BUFFER_ACK: "stream",
-    Opcode.DCP_SEQNO_ACKNOWLEDGED: "stream",  # as the replica's stream request
+    Opcode.DCP_SEQNO_ACKNOWLEDGED: "replicate",  # releases MAJORITY writes: replicas only
     Opcode.GET_ALL_VB_SEQNOS: "stream",
     Opcode.STAT: "stats",
     Opcode.SET_VBUCKET_STATE: "admin",
@@ -133,6 +137,23 @@ def _no_takeover(handler: Handler) -> Handler:
         handler(conn, f)
 
     return stream_req
+
+
+_CONSUMER_NAME = b"consumer_name"
+
+
+def _no_consumer_name(handler: Handler) -> Handler:
+    """DCP_CONTROL for a user without ``replicate``: ``consumer_name`` is refused (it
+    would let the connection acknowledge seqnos as a replica node)."""
+
+    def control(conn: Connection, f: Frame) -> None:
+        if bytes(f.key) == _CONSUMER_NAME:
+            why = "the control consumer_name needs the 'replicate' privilege"
+            conn.error(f.opcode, Status.EACCESS, f.opaque, why)
+            return
+        handler(conn, f)
+
+    return control
 
 
 class Gate:
@@ -205,6 +226,8 @@ class Gate:
                     requests[op] = self._deny_weakly
                 elif op == Opcode.DCP_STREAM_REQ and "admin" not in user.privileges:
                     requests[op] = _no_takeover(handler)
+                elif op == Opcode.DCP_CONTROL and "replicate" not in user.privileges:
+                    requests[op] = _no_consumer_name(handler)
                 else:
                     requests[op] = handler
         requests.update(self._sasl_handlers)
@@ -224,6 +247,8 @@ class Gate:
             conn.close(f"user {name} was removed from the users")
         elif conn.dcp_name is not None and "stream" not in self.user.privileges:
             conn.close(f"user {name} lost the stream privilege")
+        elif conn.consumer_name is not None and "replicate" not in self.user.privileges:
+            conn.close(f"user {name} lost the replicate privilege")
 
     # ------------------------------------------------------------------ refusals
 

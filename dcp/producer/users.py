@@ -64,8 +64,11 @@ __all__ = [
     "user_record",
 ]
 
-#: What a user may be allowed (auth.py says which opcodes need which).
-PRIVILEGES = ("read", "write", "stream", "stats", "admin")
+#: What a user may be allowed (gate.py's ``OPCODE_PRIVILEGES`` says which opcodes need
+#: which). ``replicate`` is apart from ``stream``: it lets a connection speak for a replica
+#: node (DCP control ``consumer_name``, DCP_SEQNO_ACKNOWLEDGED), whose acks release
+#: MAJORITY writes, so an ordinary change consumer must not have it.
+PRIVILEGES = ("read", "write", "stream", "stats", "admin", "replicate")
 #: What a users file may list as roles: a privilege by name, or ``all`` of them.
 ROLES = (*PRIVILEGES, "all")
 #: users-file table name -> SASL mechanism

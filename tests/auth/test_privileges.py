@@ -8,6 +8,7 @@ import pytest
 
 from dcp.producer.auth import OPCODE_PRIVILEGES, PRE_AUTH_OPCODES
 from dcp.producer.dispatch import HANDLERS
+from dcp.producer.users import PRIVILEGES, privileges_of
 from dcp.protocol import DcpOpenFlag, Opcode, Status, StreamRequestFlag, VBucketState, codec
 
 from .conftest import USERS, connect, logged_in, request_status
@@ -17,7 +18,7 @@ SASL = {Opcode.SASL_LIST_MECHS, Opcode.SASL_AUTH, Opcode.SASL_STEP}
 
 def test_the_privilege_table_covers_exactly_the_served_opcodes():
     assert set(OPCODE_PRIVILEGES) == set(HANDLERS.requests) | SASL
-    assert set(OPCODE_PRIVILEGES.values()) == {None, "read", "write", "stream", "stats", "admin"}
+    assert set(OPCODE_PRIVILEGES.values()) == {None, *PRIVILEGES}
     assert {op for op in PRE_AUTH_OPCODES} <= {
         op for op, need in OPCODE_PRIVILEGES.items() if need is None
     }
@@ -117,9 +118,7 @@ def test_the_ordered_runs_cover_every_opcode():
 @pytest.mark.parametrize("user", sorted(USERS))
 async def test_each_privilege_allows_its_opcodes_and_nothing_more(server, user):
     """Each well-formed request a user may make succeeds; each it may not is EACCESS."""
-    privileges = {"all": {"read", "write", "stream", "stats", "admin"}}.get(
-        USERS[user][0], {USERS[user][0]}
-    )
+    privileges = privileges_of(USERS[user])
     async with logged_in(server, "u_all") as c:
         assert (await c.set(b"k1", b"v")).status == Status.SUCCESS
     seen = {}

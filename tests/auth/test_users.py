@@ -39,7 +39,8 @@ def test_written_keys_authenticate_with_the_password_only(tmp_path):
     add_user(path, "alice", ["all"], PASSWORD, iterations=1000)
     users = Users.load(path)
     user = users.get("alice")
-    assert user is not None and user.privileges == {"read", "write", "stream", "stats", "admin"}
+    assert user is not None
+    assert user.privileges == {"read", "write", "stream", "stats", "admin", "replicate"}
     for mech in ("SCRAM-SHA512", "SCRAM-SHA256"):
         for password, status in ((PASSWORD, Status.SUCCESS), ("wrong", Status.AUTH_ERROR)):
             srv = SaslServer(users.credentials)
@@ -149,7 +150,7 @@ def test_missing_file_is_a_users_file_error(tmp_path):
 
 def test_roles_to_privileges():
     assert privileges_of(["read", "read"]) == {"read"}
-    assert privileges_of(["all"]) == {"read", "write", "stream", "stats", "admin"}
+    assert privileges_of(["all"]) == {"read", "write", "stream", "stats", "admin", "replicate"}
     with pytest.raises(ValueError):
         privileges_of(["READ"])
 

@@ -128,13 +128,11 @@ async def test_a_single_nodes_stable_seqno_is_what_it_persisted(tmp_path: Path) 
         assert server.durability.stable_seqno(0) == 1
 
 
-def test_the_ack_needs_the_stream_privilege() -> None:
+def test_the_ack_needs_the_replicate_privilege() -> None:
+    """Not ``stream``, which every change consumer holds (tests/auth/test_replicate.py)."""
     from dcp.producer.gate import OPCODE_PRIVILEGES
 
-    assert OPCODE_PRIVILEGES[Opcode.DCP_SEQNO_ACKNOWLEDGED] == "stream"
-    assert OPCODE_PRIVILEGES[Opcode.DCP_SEQNO_ACKNOWLEDGED] == OPCODE_PRIVILEGES[
-        Opcode.DCP_STREAM_REQ
-    ]
+    assert OPCODE_PRIVILEGES[Opcode.DCP_SEQNO_ACKNOWLEDGED] == "replicate"
 
 
 

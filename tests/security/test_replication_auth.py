@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from dcp.consumer import KvClient
+from dcp.consumer import KvClient, SyncWriteAmbiguous
 from dcp.producer.server import DcpServer, ServerConfig
 from dcp.producer.users import add_user
 from tests.security.conftest import Pki, tls_server
@@ -20,7 +20,7 @@ NVB = 4
 
 def _users(path: Path) -> Path:
     add_user(path, "app", ["read", "write"], "app-pw", iterations=500)
-    add_user(path, "repl", ["stream"], "repl-pw", iterations=500)
+    add_user(path, "repl", ["stream", "replicate"], "repl-pw", iterations=500)
     return path
 
 
@@ -102,3 +102,38 @@ async def test_replication_over_tls_with_auth(tmp_path: Path, pki: Pki) -> None:
             replica_conns = [c for c in a.connections if c.dcp_name]
             assert replica_conns
             assert all(isinstance(c.stream, trio.SSLStream) for c in replica_conns)
+
+
+async def test_only_a_replicate_replication_user_releases_majority_writes(tmp_path: Path) -> None:
+    """The replica names itself (node_name) with the control consumer_name, which needs
+    ``replicate`` on an auth-on source: without it the replica still copies everything
+    but its acks do not count, and a MAJORITY write is ambiguous at its deadline."""
+    users = _users(tmp_path / "users.toml")
+    add_user(users, "stream-only", ["stream"], "so-pw", iterations=500)
+    async with DcpServer(_config(tmp_path / "a", users)) as a:
+        a.durability.set_topology([("self", "B")] * NVB)
+        for user, pw in (("repl", "repl-pw"), ("stream-only", "so-pw")):
+            cfg_b = _config(
+                tmp_path / f"b-{user}",
+                users,
+                replica_of=f"127.0.0.1:{a.port}",
+                replication_user=user,
+                replication_password=pw,
+                node_name="B",
+            )
+            async with DcpServer(cfg_b) as b:
+                await _write(a.port, 8)
+                await _caught_up(a, b)  # both copy: `stream` is enough for that
+                async with KvClient(
+                    "127.0.0.1",
+                    a.port,
+                    num_vbuckets=NVB,
+                    username="app",
+                    password="app-pw",
+                    timeout=1.5,
+                ) as kv:
+                    if user == "repl":
+                        await kv.set("m", b"v", durability="majority")
+                        continue
+                    with pytest.raises(SyncWriteAmbiguous):
+                        await kv.set("m", b"w", durability="majority")
