@@ -19,6 +19,19 @@ Rules of this module:
   held one, and an ack from a node that is not a replica in the chain is ignored. The
   caller logs the reason returned. So the majority never passes this node's own high
   seqno.
+- An ack counts only if it arrives while ``trusted()`` (the server: its cluster write
+  gate, cluster/agent.py) says this node's lease is sure. Failover ranks the replicas
+  by the seqnos it reads once the failed node's lease has expired (cluster/failover.py),
+  and a node's lease is sure only until before it could expire: so every counted ack
+  was sent by a replica before that read, and the replica promoted holds at least the
+  majority seqno. An ack that arrives later (a node frozen by SIGSTOP, resumed after it
+  was failed over and before it read the new map, still streams to replicas that have
+  not read it either) says what a replica took AFTER the read: counting it would let a
+  stable-only stream or a MAJORITY write pass what the promoted copy holds. Such acks
+  are held back, not dropped: once trusted again (the lease was kept, or the node read
+  a map after registering again that still makes it active) the next event here
+  (``recheck``: the agent calls it after each reconcile; an ack, a flush, a topology or
+  state change) counts them; a vbucket that stops being active here drops them.
 - Only the acked vbucket is re-evaluated on an ack; a flush, a topology or state change
   re-evaluates the vbuckets that have something waiting. After any of them that may
   have moved a seqno, ``on_change`` is called (the server wakes the connections with
@@ -121,6 +134,10 @@ class DurabilityMonitor:
         #: how a ``wait_stable`` already due when registered gets called later (the
         #: server: trio's ``run_sync_soon``); None: at the next re-evaluation
         self.call_soon: Callable[[Wake], None] | None = None
+        #: whether acks may count now (module rules); None: always (a single node)
+        self.trusted: Callable[[], bool] | None = None
+        #: per vb: {node: (held, persisted)} acked while not trusted, not counted yet
+        self._held_back: dict[int, dict[str, tuple[int, int]]] = {}
 
     @classmethod
     def of_vbuckets(cls, node_name: str, vbuckets: Sequence[_VBucket]) -> DurabilityMonitor:
@@ -158,13 +175,13 @@ class DurabilityMonitor:
         changed = [vb for vb in range(self.num_vbuckets) if new[vb] is not self._topo[vb]]
         self._topo = new
         for vb in changed:
-            acks = self._acks[vb]
-            if acks:
-                keep = new[vb].replicas
+            keep = new[vb].replicas
+            for acks in (self._acks[vb], self._held_back.get(vb, {})):
                 for node in [n for n in acks if n not in keep]:
                     del acks[node]
         if changed:
             self._changed(changed, wake_all=True)
+        self._release()
 
     def chain(self, vb: int) -> tuple[str | None, ...]:
         return self._topo[vb].chain
@@ -240,11 +257,19 @@ class DurabilityMonitor:
             reason = f"seqno {seqno} above the {sent} sent to {node!r}: clamped"
             seqno = sent
         if persisted is None:
-            prev = acks.get(node)
+            prev = self._held_back.get(vb, {}).get(node) or acks.get(node)
             persisted = min(prev[1], seqno) if prev is not None else 0
         elif persisted > seqno:
             reason = reason or f"persisted {persisted} above held {seqno}: clamped"
             persisted = seqno
+        if self.trusted is not None and not self.trusted():
+            self._held_back.setdefault(vb, {})[node] = (seqno, persisted)
+            held = (
+                "this node's lease may have lapsed (fenced, or no map yet): held back, "
+                "not counted until it is sure"
+            )
+            return f"{reason}; {held}" if reason else held
+        self._release()
         before = (self._majority(vb, 0), self._majority(vb, 1))
         acks[node] = (seqno, persisted)
         if (self._majority(vb, 0), self._majority(vb, 1)) != before:
@@ -256,8 +281,33 @@ class DurabilityMonitor:
         ``vb``'s. Nobody is woken: forgetting only lowers seqnos."""
         if node is None:
             self._acks[vb].clear()
+            self._held_back.pop(vb, None)
         else:
             self._acks[vb].pop(node, None)
+            self._held_back.get(vb, {}).pop(node, None)
+
+    def held_back(self, vb: int) -> dict[str, tuple[int, int]]:
+        """The acks of ``vb`` that arrived while not trusted and do not count yet."""
+        return dict(self._held_back.get(vb, {}))
+
+    def recheck(self) -> None:
+        """Count the acks held back if this node is trusted now (the cluster agent calls
+        it after every reconcile: a fence lifted, or the map read after registering
+        again applied). Nothing happens while not trusted or with nothing held back."""
+        self._release()
+
+    def _release(self) -> None:
+        """Move the acks held back into the counted ones, when trusted (module rules)."""
+        if not self._held_back or (self.trusted is not None and not self.trusted()):
+            return
+        held, self._held_back = self._held_back, {}
+        moved = []
+        for vb, acks in held.items():
+            if acks and self._is_active(vb):
+                self._acks[vb].update(acks)
+                moved.append(vb)
+        if moved:
+            self._changed(moved, wake_all=False)
 
     # ------------------------------------------------------------------ states
 
@@ -278,11 +328,14 @@ class DurabilityMonitor:
         if not self._is_active(vb):
             self._terms[vb] += 1
             self._acks[vb].clear()
+            self._held_back.pop(vb, None)
         self._changed((vb,), wake_all=True)
+        self._release()
 
     def flushed(self) -> None:
         """This node persisted something (the flush listener): persisted seqnos moved."""
         self._changed(tuple(self._waiters), wake_all=False)
+        self._release()
 
     # ------------------------------------------------------------------ waiting
 

@@ -254,6 +254,8 @@ class DcpServer:
         )
         monitor.on_change = self._wake_sync_waiters
         monitor.call_soon = trio.lowlevel.current_trio_token().run_sync_soon
+        # acks count only while the cluster lease is sure (durability.py: failover reads)
+        monitor.trusted = lambda: self.write_gate is None or self.write_gate()
         self.persistence.add_flush_listener(monitor.flushed)
 
     def _wake_sync_waiters(self) -> None:
