@@ -290,6 +290,7 @@ class ClusterAgent:
         changed = states.assign(want)
         if changed:
             log.info("cluster: map rev %d changed %d vbuckets here", self.revision, changed)
+        self.server.durability.recheck()  # acks held back while fenced may count now
         return changed
 
     # ------------------------------------------------------------------ NodeHooks
