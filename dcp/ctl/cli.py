@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--role",
                 required=True,
                 metavar="ROLE[,ROLE...]",
-                help="read, write, stream, stats, admin or all (password: asked on a "
+                help="read, write, stream, stats, admin, replicate or all (password: asked on a "
                 "terminal, else the first line of stdin)",
             )
         u.add_argument(
