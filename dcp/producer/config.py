@@ -140,6 +140,20 @@ class ServerConfig:
     rebalance_moves: int = 32
     #: Seconds one vbucket move may take before it is rolled back.
     move_timeout: float = 120.0
+    #: Seconds a node restarted after an UNCLEAN shutdown, still named active for
+    #: vbuckets with other copies, waits to be failed over before it rejoins
+    #: (cluster/rejoin.py); then it rejoins anyway, with a warning. Negative: derived,
+    #: ``auto_failover_timeout + cluster_lease_ttl + 10``; 0: rejoin at once.
+    unclean_rejoin_wait: float = -1.0
+
+    def rejoin_wait(self) -> float:
+        """``unclean_rejoin_wait`` in seconds, the derived default resolved: the old lease
+        lapses within the TTL, the failover follows the timeout after the last keepalive,
+        and 10 s covers an orchestrator's election, its reads of the replicas' seqnos
+        and this node's next read of the map."""
+        if self.unclean_rejoin_wait >= 0:
+            return self.unclean_rejoin_wait
+        return self.auto_failover_timeout + self.cluster_lease_ttl + 10.0
 
     def validate(self) -> ServerConfig:
         n = self.num_vbuckets
@@ -247,6 +261,10 @@ class ServerConfig:
             raise ConfigError(  # keepalive: a timeout within the TTL would not wait at all
                 f"auto_failover_timeout ({self.auto_failover_timeout:g} s) must exceed "
                 f"cluster_lease_ttl ({self.cluster_lease_ttl} s)"
+            )
+        if not -1e9 < self.unclean_rejoin_wait < 1e9:  # also NaN: a wait must end
+            raise ConfigError(
+                f"unclean_rejoin_wait must be a number of seconds, not {self.unclean_rejoin_wait}"
             )
 
 

@@ -6,7 +6,9 @@ Rules of this module:
 - The one bridge between the cluster package and the server: ``DcpServer.run`` builds
   the agent when ``cluster`` is set and starts ``run`` before it accepts a connection.
   ``run`` joins first (``JoinRefused`` and ``StoreUnavailable`` propagate: the server
-  refuses to start), then reports started and runs, until cancelled: membership
+  refuses to start; after an unclean shutdown the join may first wait to be failed
+  over, cluster/rejoin.py, and a node that waited reconciles with the map it last read
+  before the server serves), then reports started and runs, until cancelled: membership
   (cluster/membership.py; the agent is its ``NodeHooks``), the follower of the whole
   cluster prefix, and the campaign for orchestrator.
 - The follower reads ``/dcp/<cluster>/`` every ``interval`` (one range read: the map,
@@ -53,6 +55,7 @@ import trio
 from .election import Election, Leadership, map_key
 from .membership import JoinRefused, Membership, NodeRecord, cluster_prefix
 from .reconcile import desired_assignment
+from .rejoin import UncleanRejoin
 from .store import LeaseExpired, Snapshot, StoreUnavailable
 from .vbmap import VBucketMap, bucket_config, split_address
 
@@ -103,6 +106,15 @@ class ClusterAgent:
             data_dir=cfg.data_dir,
             lease_ttl=cfg.cluster_lease_ttl,
         )
+        self.rejoin = UncleanRejoin(
+            store,
+            cluster=self.cluster,
+            node_name=self.node_name,
+            data_dir=cfg.data_dir,
+            unclean=server.bucket.warmup_unclean,
+            limit=cfg.rejoin_wait(),
+            interval=interval,
+        )
         self._run_orchestrator: RunOrchestrator | None = (
             self._default_orchestrator if run_orchestrator is _DEFAULT else run_orchestrator
         )
@@ -144,7 +156,9 @@ class ClusterAgent:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Join, then follow the cluster and take part in it until cancelled."""
-        record = await self.membership.join()
+        record = await self.membership.join(hold=self.rejoin.hold)
+        if self.rejoin.read is not None:  # it waited: hold what the map says before serving
+            self.take(self.rejoin.read)
         log.info(
             "joined cluster %s as %s at %s (etcd %s)",
             self.cluster,

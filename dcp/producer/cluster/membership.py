@@ -14,7 +14,8 @@ Rules of this module:
   The data directory's ``cluster.json`` records the cluster, its id, the node name and
   the node uuid; it is written on the first join (atomically) and is what makes a
   restarted node the same node: it may take over its own name even while its previous
-  lease has not yet expired.
+  lease has not yet expired — unless it must first be failed over (``join``'s ``hold``:
+  cluster/rejoin.py, after an unclean shutdown).
 - Fencing. etcd extends a lease by its TTL from the moment it handles a keepalive, which
   is after the node sent it: so the lease lives at least until ``sent + ttl`` (by a clock
   that runs at the node's rate). The node's *fence point* is ``sent + ttl - margin`` of
@@ -41,6 +42,7 @@ import logging
 import os
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -218,9 +220,11 @@ class Membership:
     def _key(self, kind: str) -> str:
         return f"{cluster_prefix(self.cluster)}{kind}/{self.node_name}"
 
-    async def join(self) -> NodeRecord:
+    async def join(self, hold: Callable[[], Awaitable[None]] | None = None) -> NodeRecord:
         """Check this node may join, register it under a new lease, and return its record.
-        Raises ``JoinRefused`` (one line) or ``StoreUnavailable``."""
+        ``hold`` is awaited between the checks and the registration (cluster/rejoin.py:
+        after an unclean shutdown the node may have to be failed over first). Raises
+        ``JoinRefused`` (one line) or ``StoreUnavailable``."""
         identity = await trio.to_thread.run_sync(_read_identity, self.data_dir)
         where = f"data dir {self.data_dir}"
         if identity is not None and identity["cluster"] != self.cluster:
@@ -251,6 +255,8 @@ class Membership:
                 "node_uuid": uuid.uuid4().hex,
             }
             await trio.to_thread.run_sync(_write_identity, self.data_dir, identity)
+        if hold is not None:
+            await hold()
         self.record = NodeRecord(
             self.node_name,
             self.address,
