@@ -16,7 +16,10 @@ Rules of this module:
   (``_stop_live_node``: forward chains, its actives set dead, replicas given a moment
   to catch up), else refused, so there are never two actives; a vbucket with no live
   replica is left unavailable and the report says which. A replica that does not
-  answer ranks last but may be promoted.
+  answer ranks last but may be promoted. For a live node the replica to promote is
+  chosen again from seqnos read once its actives are dead: until then it counted its
+  replicas' acks (dcp/producer/durability.py), so a replica read before may since have
+  fallen behind another that holds writes answered at MAJORITY.
 - A manual failover (hard or graceful) also removes the node from ``members/``: the
   automatic rebalance would otherwise take a live node straight back. An automatic
   failover keeps it a member, so a node that comes back is rebalanced in again (as a
@@ -195,20 +198,21 @@ async def _remove_member(orch: Orchestrator, node: str) -> None:
 
 async def _stop_live_node(
     orch: Orchestrator, view: ClusterView, vbmap: VBucketMap, plan: FailoverPlan
-) -> int | None:
+) -> tuple[int, FailoverPlan] | None:
     """Before a live node's actives are promoted elsewhere, make it stop taking writes:
     else it would go on acknowledging writes on them until it reads the new map, writes
     its successors never see. The map is first written with the plan as forward chains
-    (the node stays head, the promoted replicas go on streaming from it), the node's
-    actives are set DEAD (a dead head under a forward chain stays dead: cluster/
-    reconcile.py), and the promoted replicas are given a moment to catch up with what it
-    took until then. Returns the revision to write the plan on, or None (the forward
-    chains withdrawn) when the node could not be made to stop."""
+    (the node stays head, the replicas go on streaming from it), the node's actives are
+    set DEAD (a dead head under a forward chain stays dead: cluster/reconcile.py), the
+    plan is made again from the replicas' seqnos read now (module rules), and the
+    promoted replicas are given a moment to catch up with what it took until then.
+    Returns the revision to write the plan on and the plan, or None (the forward chains
+    withdrawn) when the node could not be made to stop."""
     node = plan.node
     actives = [vb for vb in range(vbmap.num_vbuckets) if vbmap.active(vb) == node]
     addr = view.address(node)
     if not actives:
-        return view.map_revision
+        return view.map_revision, plan
     if addr is None:
         return None
     forward = VBucketMap.from_names(
@@ -232,12 +236,16 @@ async def _stop_live_node(
         else:
             raise ControlUnavailable(f"{node} keeps vbuckets active")
         tail = await orch.control.seqnos(addr, VBucketState.DEAD)
+        others = view.live - {node}
+        seqnos = await replica_seqnos(orch, view, replicas_to_ask(vbmap, node, others))
+        logs = await replica_logs(orch, view, vbmap, node, seqnos)
+        plan = plan_failover(vbmap, node, others, seqnos, logs)
         await _catch_up(orch, view, plan, tail)
     except ControlUnavailable as exc:
         log.warning("hard failover of live %s: %s; withdrawing the forward chains", node, exc)
         await orch.write_map(vbmap, revision)  # its heads are dead or active: reconciled
         return None
-    return revision
+    return revision, plan
 
 
 async def _catch_up(
@@ -302,7 +310,7 @@ async def failover_request(orch: Orchestrator, view: ClusterView, entry: Entry) 
                     f"{node} is up but did not stop taking writes when asked: a hard "
                     "failover now could make two actives; retry, or wait until it is down"
                 )
-            revision = stopped
+            revision, plan = stopped
         guards = [] if node in view.live else [Guard(orch.prefix + "nodes/" + node, 0)]
         if await orch.write_map(plan.vbmap, revision, guards) is None:
             return fail("the map changed meanwhile (or the node came back): try again")
