@@ -6,10 +6,19 @@ Rules of this module:
   live, each live replica's seqnos) and writes what is decided here.
 - The replica promoted is the live one with the highest seqno for the vbucket (the one
   that lost the fewest acknowledged writes, so it holds every write answered at
-  MAJORITY: a majority of the chain held it, so at least one live replica does); a
+  MAJORITY: a majority of the chain held it, so at least one live replica does). That
+  holds because the seqnos are read after the failed node's lease expired and its
+  durability monitor counts only acks that reached it while its lease was sure
+  (dcp/producer/durability.py): a replica that acks later, to an active resumed
+  before it read the new map, holds more than it was read at, and that surplus is
+  counted nowhere. A live node failed over by hand is first made to stop (its actives
+  dead) and the seqnos read again (cluster/failover_ops.py). A
   replica whose seqnos could not be read ranks below every one that answered, and one
   that answered without the vbucket in replica state is no candidate at all (it holds
-  no copy); ties go to chain order.
+  no copy); ties go to chain order. Excluding those loses nothing counted: acks go only
+  on plain replica streams (replication/acks.py), and a copy left pending by a takeover
+  is settled back to replica before any failover (the orchestrator resumes moves in
+  flight first, cluster/orchestrator.py).
 - A seqno counts only on the branch of history the failed active wrote (``valid_seqno``,
   from the candidates' failover logs): a replica whose newest branch another candidate
   knows as an older one (a former active rejoined as a replica, not yet rolled back)

@@ -96,6 +96,19 @@ async def replica_logs(
     return out
 
 
+def _inputs(plan: FailoverPlan, seqnos: SeqnoMap) -> str:
+    """What each promotion was decided on (logged: to trace a promotion later), at most
+    32 vbuckets: "vb 0: n2 at 1392 (n3 1391)"."""
+    parts = []
+    for vb, best in sorted(plan.promoted.items())[:32]:
+        rest = " ".join(
+            f"{r} {seqnos.get(r, {}).get(vb, '?')}" for r in sorted(seqnos) if r != best
+        )
+        parts.append(f"vb {vb}: {best} at {seqnos.get(best, {}).get(vb, '?')} ({rest})")
+    more = " ..." if len(plan.promoted) > 32 else ""
+    return "; ".join(parts) + more
+
+
 def _summary(plan: FailoverPlan) -> str:
     text = f"{plan.node} failed over: {len(plan.promoted)} replicas promoted"
     if plan.unavailable:
@@ -158,6 +171,7 @@ async def auto_failover(orch: Orchestrator, view: ClusterView, vbmap: VBucketMap
     await orch.refresh()  # the report goes out with the view that has the new count
     message = _summary(plan)
     log.warning("automatic failover: %s", message)
+    log.info("automatic failover of %s decided on: %s", node, _inputs(plan, seqnos))
     orch.board.set_failover(node=node, state="done", message=message, auto=True)
     return True
 
