@@ -6,13 +6,14 @@ interval (20 s) keeps them off its disk. Restarted at once, its warm-up starts a
 branch at its last persisted point; had it rejoined at once, the map (unchanged) would
 still name it active and its replicas would roll back to that point: every write lost
 (40 of 40 before the fix). It must instead wait unregistered until it is failed over,
-then come back through the rebalance. ~30 s.
+then come back through the rebalance. ~10 s.
 """
 
 from __future__ import annotations
 
 import re
 
+import pytest
 import trio
 
 from dcp.consumer import KeyNotFound, KvClient
@@ -20,6 +21,8 @@ from dcp.protocol.layout import vbucket_for_key
 
 from .conftest import etcd_cluster, etcd_factory  # noqa: F401
 from .harness import EtcdCluster
+
+pytestmark = pytest.mark.slow
 
 NAMES = ["n1", "n2", "n3"]
 
