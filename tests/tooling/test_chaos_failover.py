@@ -1,6 +1,6 @@
 """``python -m tools.chaos failover``: its checks catch what they claim to catch, and its
 short form (one round of each kind: kill -9 of a node, SIGSTOP past the auto-failover
-timeout, etcd kill -9) passes strictly on a real 3-node cluster.
+timeout, etcd kill -9, kill -9 and an immediate restart) passes strictly on a real 3-node cluster.
 
 Rules of this module: the checker tests are pure (hand-made attempts and failover logs);
 the run starts etcd and three ``dcp-server --cluster`` nodes on loopback and the harness
@@ -123,7 +123,7 @@ def test_short_failover_run_one_round_of_each_kind_passes_strictly(tmp_path: Pat
     report = trio.run(
         lambda: run_failover(
             tmp_path,
-            rounds=3,
+            rounds=len(KINDS),
             seed=17,
             num_vbuckets=8,
             keys_per_vb=4,

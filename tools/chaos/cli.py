@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     o = sub.add_parser(
         "failover",
-        help="etcd + 3 nodes: kill -9, SIGSTOP past the failover, etcd kill; writers at "
+        help="etcd + 3 nodes: kill -9, SIGSTOP past the failover, etcd kill, kill -9 and "
+        "an immediate restart; writers at "
         "every durability level, normal and stable-only consumers",
     )
     o.add_argument("--rounds", type=int, default=30)

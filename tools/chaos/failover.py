@@ -1,5 +1,6 @@
 """Scenario ``failover``: a 3-node cluster on etcd under faults — kill -9 of a node, SIGSTOP
-of a node past the auto-failover timeout, kill -9 of etcd — while writers write at every
+of a node past the auto-failover timeout, kill -9 of etcd, kill -9 of a node restarted at
+once — while writers write at every
 durability level and SDK consumers (normal and stable-only) follow the cluster; then
 prove that nothing acknowledged at a majority level was lost, that stable-only consumers
 never rolled back, that every consumer ends with the cluster's data, and that no two
@@ -44,8 +45,9 @@ from .writer import Attempt, keys_per_vbucket
 
 __all__ = ["KINDS", "run_failover"]
 
-#: Round kinds: kill -9 of a node, SIGSTOP of a node past the failover, kill -9 of etcd.
-KINDS = ("kill", "stop", "etcd")
+#: Round kinds: kill -9 of a node, SIGSTOP of a node past the failover, kill -9 of etcd,
+#: kill -9 of a node and its restart at once (systemd), before anyone saw it down.
+KINDS = ("kill", "stop", "etcd", "restart")
 
 
 async def cluster_state(bootstrap: str) -> dict[str, str]:
@@ -116,18 +118,21 @@ class _Run:
                 holders = sorted({a for vb in range(vbmap.num_vbuckets) if (a := vbmap.active(vb))})
             victim = rng.choice(holders or cl.names)  # a node that holds actives
             rec["node"] = victim
-            if kind == "kill":
+            if kind == "restart":
+                await self.restart_round(rnd, victim, rec, heal_timeout)
+            elif kind == "kill":
                 cl.kill(victim)
             else:
                 cl.pause(victim)
-            took, last = await cl.wait_failed_over(victim, heal_timeout)
-            rec["failed_over_s"] = round(took, 2)
-            if last:
-                self.errors.append(f"round {rnd} ({kind} {victim}): no failover: {last}")
-            await self.collect_logs(f"round {rnd}: {victim} failed over")
+            if kind != "restart":
+                took, last = await cl.wait_failed_over(victim, heal_timeout)
+                rec["failed_over_s"] = round(took, 2)
+                if last:
+                    self.errors.append(f"round {rnd} ({kind} {victim}): no failover: {last}")
+                await self.collect_logs(f"round {rnd}: {victim} failed over")
             if kind == "kill":
                 await cl.start_node(victim)
-            else:
+            elif kind == "stop":
                 await trio.sleep(rng.uniform(0.0, 1.0))
                 cl.resume(victim)
         took, last = await cl.wait_healed(cl.names, heal_timeout)
@@ -141,6 +146,28 @@ class _Run:
             if not node.alive():  # died by itself: a finding, and the run goes on without it
                 self.errors.append(f"round {rnd}: {name} exited on its own: {node.log_tail(3)}")
                 await cl.start_node(name)
+
+    async def restart_round(
+        self, rnd: int, victim: str, rec: dict[str, Any], heal_timeout: float
+    ) -> None:
+        """kill -9 and an immediate restart: the node must wait, unregistered, to be failed
+        over (cluster/rejoin.py) — one more automatic failover — rather than come back
+        active on the new branch its warm-up started and roll its replicas back."""
+        cl = self.cl
+        before = None
+        with trio.move_on_after(heal_timeout):
+            while (before := await cl.failover_count()) is None:
+                await trio.sleep(0.2)
+        if before is None:
+            self.errors.append(f"round {rnd} (restart {victim}): etcd did not answer")
+            return
+        cl.kill(victim)
+        await cl.start_node(victim)
+        took, last = await cl.wait_failover_count(before + 1, heal_timeout)
+        rec["failed_over_s"] = round(took, 2)
+        if last:
+            self.errors.append(f"round {rnd} (restart {victim}): no failover: {last}")
+        await self.collect_logs(f"round {rnd}: {victim} restarted, failed over")
 
 
 def _keys(levels: list[str], per_vb: int, num_vbuckets: int) -> dict[str, list[str]]:

@@ -16,6 +16,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -274,6 +275,29 @@ class ChaosCluster:
                 if not last:
                     break
                 await trio.sleep(0.2)
+        return trio.current_time() - t0, last
+
+    async def failover_count(self) -> int | None:
+        """The cluster's count of automatic failovers (None: etcd did not answer)."""
+        try:
+            got = await self.store.get(f"/dcp/{CLUSTER}/autofailover")
+        except (StoreUnavailable, OSError):
+            return None
+        return 0 if got is None else int(json.loads(got.value).get("count", 0))
+
+    async def wait_failover_count(self, want: int, timeout: float) -> tuple[float, list[str]]:
+        """Until the count of automatic failovers reaches ``want`` (a restarted node that
+        waits to be failed over shows no map change of its own to wait for: it leaves the
+        map and comes back through the rebalance, maybe between two reads)."""
+        t0 = trio.current_time()
+        last = ["not checked"]
+        with trio.move_on_after(timeout):
+            while True:
+                got = await self.failover_count()
+                if got is not None and got >= want:
+                    return trio.current_time() - t0, []
+                last = [f"automatic failovers: {got}, want {want}"]
+                await trio.sleep(0.1)
         return trio.current_time() - t0, last
 
     async def wait_failed_over(self, name: str, timeout: float) -> tuple[float, list[str]]:
