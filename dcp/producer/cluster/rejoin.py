@@ -145,7 +145,7 @@ class UncleanRejoin:
         log.warning(
             "cluster: %s restarted after %s and the map still names it active for %d "
             "vbuckets with other copies (%s): not rejoining until it is failed over (at most "
-            "%g s), as their replicas hold writes it had not persisted",
+            "%g s): their replicas may hold writes it answered but had not persisted",
             self.node_name,
             why,
             len(held),
