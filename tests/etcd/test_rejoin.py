@@ -5,6 +5,7 @@ and ``Membership.join`` holding its registration while it waits.
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from dcp.producer.cluster.membership import Membership
 from dcp.producer.cluster.rejoin import MARKER, UncleanRejoin, held_actives
 from dcp.producer.cluster.store import Entry, Snapshot, StoreUnavailable
 from dcp.producer.cluster.vbmap import VBucketMap
+from dcp.producer.config import ConfigError, ServerConfig, add_arguments, load_config
 
 from .fakes import FakeHooks, FakeStore
 
@@ -231,3 +233,17 @@ async def test_join_holds_its_registration_while_waiting(
     assert seen[0][1] == old and seen[1][1] is None  # not re-registered: it lapsed
     now = await store.get(key)
     assert now is not None and now.lease == again.lease != old.lease
+
+
+def test_the_wait_limit_setting_and_its_flag() -> None:
+    assert ServerConfig().rejoin_wait() == 10.0 + 5 + 10  # failover timeout + TTL + margin
+    derived = ServerConfig(auto_failover_timeout=3.0, cluster_lease_ttl=2)
+    assert derived.rejoin_wait() == 15.0
+    assert ServerConfig(unclean_rejoin_wait=0).rejoin_wait() == 0
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = load_config(parser.parse_args(["--unclean-rejoin-wait", "7.5"]), environ={})
+    assert cfg.rejoin_wait() == 7.5
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="unclean_rejoin_wait"):
+            ServerConfig(unclean_rejoin_wait=bad).validate()
