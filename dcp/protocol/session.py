@@ -29,6 +29,10 @@ Rules of this module:
   call's total is in ``counted``. Acks due after a call are put in ``data_to_send()``.
 - Late messages of a stream the session does not know (never requested, ended, or
   ``forget``-ten) are counted for flow control and otherwise ignored.
+- ``_streaming`` (``session_stream.StreamingIndex``) finds a vbucket's STREAMING
+  stream, so ``seqno_acknowledged``, called for every snapshot a replica applies, is a
+  dict lookup, not a scan of a replication connection's hundreds of streams. Every
+  acceptance and every removal from ``streams`` goes through it.
 - This file does not know the server side; a server session can live beside it with
   the same ``receive_data``/``data_to_send`` shape.
 """
@@ -59,7 +63,7 @@ from .flow_control import FlowControl
 from .frames import DEFAULT_MAX_BODY_SIZE, Frame
 from .layout import MUTATION_SEQNO, RESPONSE_MAGIC, U64
 from .opcodes import SEQNO_MAX, Opcode, Status, StreamEndStatus
-from .session_stream import REQUESTED, STREAMING, SessionStream
+from .session_stream import REQUESTED, STREAMING, SessionStream, StreamingIndex
 
 __all__ = ["ClientSession", "SessionStream"]
 
@@ -86,6 +90,7 @@ class ClientSession:
         self.flow.release = self._release_held
         self.max_body_size = max_body_size
         self.streams: dict[int, SessionStream] = {}  # by opaque
+        self._streaming = StreamingIndex()  # STREAMING streams by vbucket (module rules)
         self.counted = 0  # counted bytes of the last receive_data (see queue_per_chunk)
         self.noops = 0  # DCP_NOOPs answered
         self.acks = 0  # buffer acks produced
@@ -161,7 +166,10 @@ class ClientSession:
             snap_end=snap_end,
             value=value,
         )
+        old = self.streams.get(o)
         self.streams[o] = SessionStream(o, vbucket, end)
+        if old is not None:  # the opaque wrapped onto a stream still tracked
+            self._streaming.dropped(old, self.streams)
         return o, data
 
     def close_stream(self, vbucket: int) -> tuple[int, bytes]:
@@ -171,7 +179,10 @@ class ClientSession:
     def forget(self, opaque: int) -> None:
         """Stop tracking a stream: its late messages only count for flow control."""
         st = self.streams.pop(opaque, None)
-        if st is not None and st.open:
+        if st is None:
+            return
+        self._streaming.dropped(st, self.streams)
+        if st.open:
             self._discard(st)
 
     def ack_state(self, event: VBucketStateSet) -> bytes:
@@ -186,11 +197,11 @@ class ClientSession:
         producer requires), or None when no stream of this session streams it: an ack
         under another opaque would be ignored. A replica sends it after applying a whole
         snapshot and when its persisted seqno moves (protocol_spec/README.md §5.10)."""
-        for st in self.streams.values():
-            if st.vbucket == vbucket and st.state == STREAMING:
-                self._acking = True
-                return codec.seqno_acknowledged(vbucket, st.opaque, seqno, persisted)
-        return None
+        st = self._streaming.get(vbucket)
+        if st is None:
+            return None
+        self._acking = True
+        return codec.seqno_acknowledged(vbucket, st.opaque, seqno, persisted)
 
     def probe(self) -> bytes:
         """A plain NOOP to see whether the server is alive (any answer will do)."""
@@ -341,6 +352,7 @@ class ClientSession:
                 else:
                     self._discard(st)
             del self.streams[st.opaque]
+            self._streaming.dropped(st, self.streams)
             out.append(StreamEnded(st.opaque, st.vbucket, reason))
         elif op == Opcode.DCP_SEQNO_ADVANCED:
             seqno = codec.parse_seqno_advanced(f)
@@ -392,11 +404,12 @@ class ClientSession:
     ) -> StreamOpened | StreamRollback | StreamRefused:
         status = f.status
         if status == Status.SUCCESS:
-            st.state = STREAMING
+            self._streaming.accepted(st, self.streams)
             return StreamOpened(
                 st.opaque, st.vbucket, tuple(codec.parse_failover_log(bytes(f.value)))
             )
         del self.streams[st.opaque]
+        self._streaming.dropped(st, self.streams)
         if status == Status.ROLLBACK:
             if len(f.value) < 8:
                 raise RemoteProtocolError(f"vb {st.vbucket}: ROLLBACK without an 8-byte seqno")
