@@ -27,6 +27,10 @@ Rules of this module:
   with their id, which is written at most every ``status_interval`` while it changes.
 - Blocking work (``compute_map``) runs in ``trio.to_thread``; nodes are reached only
   through ``NodeControl`` (cluster/control.py).
+- The map is decoded only when its entry changed (``_map_of``: same mod revision and
+  same bytes give the same frozen ``VBucketMap``): the loop and the follower read the
+  prefix every poll, and decoding a 1024-vbucket map costs milliseconds of the event
+  loop each time. Every read is still fresh; only the decoding is saved.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from .failover_ops import auto_failover, failover_request
 from .membership import cluster_prefix
 from .placement import compute_map
 from .rebalance import MoveAborted, Mover
-from .store import Entry, EtcdStore, Guard, StoreUnavailable
+from .store import Entry, EtcdStore, Guard, Snapshot, StoreUnavailable
 from .vbmap import VBucketMap
 from .view import ClusterView, StatusBoard
 
@@ -98,6 +102,7 @@ class Orchestrator:
         self._down_since: dict[str, float] = {}
         self._settled: tuple[int, frozenset[str]] | None = None
         self._said: set[str] = set()
+        self._parsed_map: tuple[int, bytes, VBucketMap] | None = None
 
     # -- running ------------------------------------------------------------------------
 
@@ -148,11 +153,26 @@ class Orchestrator:
         self._view = snap_view
         self._changed.set()
 
-    async def refresh(self) -> ClusterView:
-        snap = await self.store.get_prefix(self.prefix)
-        view = ClusterView.parse(
-            self.settings.cluster, snap, max_count=self.settings.auto_failover_max_count
+    def _map_of(self, entry: Entry) -> VBucketMap:
+        """The map ``entry`` holds, decoded once per change (module rules). A malformed
+        one raises ``ValueError`` every time and is not kept."""
+        kept = self._parsed_map
+        if kept is not None and kept[0] == entry.mod_revision and kept[1] == entry.value:
+            return kept[2]
+        vbmap = VBucketMap.from_json(entry.value)
+        self._parsed_map = (entry.mod_revision, entry.value, vbmap)
+        return vbmap
+
+    def parse(self, snap: Snapshot) -> ClusterView:
+        return ClusterView.parse(
+            self.settings.cluster,
+            snap,
+            max_count=self.settings.auto_failover_max_count,
+            map_of=self._map_of,
         )
+
+    async def refresh(self) -> ClusterView:
+        view = self.parse(await self.store.get_prefix(self.prefix))
         self._observe(view)
         return view
 
@@ -162,11 +182,7 @@ class Orchestrator:
             try:
                 async for snap in self.store.follow(self.prefix, interval=self.poll):
                     try:
-                        view = ClusterView.parse(
-                            self.settings.cluster,
-                            snap,
-                            max_count=self.settings.auto_failover_max_count,
-                        )
+                        view = self.parse(snap)
                     except ValueError as exc:
                         self.say(f"orchestrator: cannot act on etcd's state: {exc}", logging.ERROR)
                         continue

@@ -17,6 +17,7 @@ Rules of this module:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +48,21 @@ class ClusterView:
     lease_ttls: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, cluster: str, snap: Snapshot, *, max_count: int) -> ClusterView:
+    def parse(
+        cls,
+        cluster: str,
+        snap: Snapshot,
+        *,
+        max_count: int,
+        map_of: Callable[[Entry], VBucketMap] | None = None,
+    ) -> ClusterView:
+        """``map_of`` decodes the map entry (a caller's cache: the orchestrator's)."""
         p = cluster_prefix(cluster)
         got = snap.entries.get(p + "map")
-        vbmap = VBucketMap.from_json(got.value) if got is not None else None
+        if got is None:
+            vbmap = None
+        else:
+            vbmap = map_of(got) if map_of is not None else VBucketMap.from_json(got.value)
         members: dict[str, str] = {}
         ttls: dict[str, int] = {}
         live: set[str] = set()
