@@ -142,3 +142,17 @@ def test_an_ack_does_not_scan_the_streams_of_the_connection():
     s.streams = _NoScan(s.streams)
     assert s.seqno_acknowledged(339, 4) == codec.seqno_acknowledged(339, opaques[-1], 4)
     assert s.seqno_acknowledged(1000, 4) is None
+
+
+def test_an_opaque_that_wraps_onto_a_streaming_stream_unindexes_it():
+    """After 2**32 requests the opaque counter comes back to 1: the new request
+    replaces the stream still tracked there, which is no longer acked."""
+    s = ClientSession()
+    o1, _ = s.stream_request(5)
+    _answer(s, o1)
+    s._opaque = 0xFFFFFFFF  # 4 billion requests later
+    o2, _ = s.stream_request(7)
+    assert o2 == o1
+    assert _acks_under(s, 5) is None
+    _answer(s, o2)
+    assert _acks_under(s, 7) == o2
