@@ -25,6 +25,10 @@ Rules of this module:
 - A TAKEOVER stream (``takeover`` set) hands its vbucket over once caught up
   (``is_caught_up``): ``fill`` asks its ``Takeover`` (takeover.py) for the next step
   when nothing else is ready, and ``release`` tells it the stream is gone.
+- ``release`` lets go of everything the stream holds elsewhere: its cursor, its
+  gate's ``wait_stable`` callback, the replica acks recorded for it (``acked``: the
+  durability monitor forgets exactly this stream's, dcp/producer/durability.py) and
+  its queued snapshot, so a closed stream pins no memory.
 - State changes go through ``_transition`` and only along this table::
 
       PENDING ──► BACKFILLING ──► IN_MEMORY ──► DEAD
@@ -121,6 +125,9 @@ class ActiveStream:
         self.takeover: Any = None
         #: holds snapshots above the stable seqno (stable-only streams), else None
         self.gate = StableGate(self) if options.stable_only else None
+        #: a replica acknowledged seqnos on this stream (seqno_ack.py): ``release``
+        #: makes the durability monitor forget them
+        self.acked = False
 
     @property
     def items_sent(self) -> int:
@@ -185,7 +192,15 @@ class ActiveStream:
         )
 
     def release(self) -> None:
-        """Drop the cursor (stream closed or connection gone). Idempotent."""
+        """Let go of what the stream holds (stream closed or connection gone; module
+        rules). Idempotent."""
+        if self.gate is not None:
+            self.gate.cancel()
+        if self.acked:
+            self.acked = False
+            self.conn.server.durability.forget(self.vbid, source=self)
+        self._queue.clear()
+        self._writer.cur = None
         if self.takeover is not None:
             conn, end = self.conn, self.end_status
             if conn is not None and conn.closed:

@@ -22,8 +22,11 @@ Rules of this module:
   durability level holds, its vbucket leaves active here or its deadline passes (then
   it becomes SYNC_WRITE_AMBIGUOUS, or ETMPFAIL without XERROR); later responses wait
   behind it, never past that deadline. The writer sleeps until the deadline of the entry
-  that blocks it; while one waits the connection is in ``server.sync_waiters``, woken
-  whenever the durability monitor's seqnos move.
+  that blocks it; while writes of a vbucket wait, the connection is in
+  ``server.sync_waiters`` under that vbucket (sync_waiters.py), woken whenever the
+  durability monitor's seqnos of that vbucket move (or after any flush).
+- A replica's acks are forgotten by the stream that made them, when it is released
+  (active_stream.py ``release``), never by the connection's consumer name.
 - Limits are enforced by the third task, ``conn_timers.run_timers`` (idle and
   partial-frame timeouts, DCP noops).
 - Bad input never escapes this connection: a malformed frame gets EINVAL (or, when the
@@ -103,6 +106,7 @@ class Connection:
         self._sending = 0  # the buffer the writer is sending
         self._pending_durable = 0  # Pending entries in the queue
         self._pending_persist = 0  # those that wait for this node's persistence
+        self._durable_vbs: dict[int, int] = {}  # vb -> Pending entries of it queued
         self._blocked_until = math.inf  # deadline of the Pending the writer waits on
         self.continuation: Iterator[bytes] | None = None
         #: when the first byte of the incomplete frame at the end of the input arrived
@@ -153,7 +157,10 @@ class Connection:
         self._pending_durable += 1
         if level in NEEDS_LOCAL_PERSISTENCE:
             self._pending_persist += 1
-        self.server.sync_waiters.add(self)
+        n = self._durable_vbs.get(vbid, 0)
+        if not n:
+            self.server.sync_waiters.add(self, vbid)
+        self._durable_vbs[vbid] = n + 1
         self._wake.set()
 
     def announce_stream(self, stream: ActiveStream) -> None:
@@ -210,6 +217,8 @@ class Connection:
             self._responses.clear()  # a shed or stalled connection frees its output now
             self._response_bytes = self._sending = self._pending_durable = 0
             self._pending_persist = 0
+            self.server.sync_waiters.discard(self, self._durable_vbs)
+            self._durable_vbs.clear()
             self.continuation = None
             self._release_streams()
             self.server.connection_closed(self)
@@ -227,16 +236,9 @@ class Connection:
     def _release_streams(self) -> None:
         for stream in list(self.streams.values()):
             self.server.stream_registry.remove(stream)
-            stream.release()
-            self._forget_acks(stream.vbid)
+            stream.release()  # what it acknowledged no longer counts
         self.streams.clear()
         self.ready.clear()
-
-    def _forget_acks(self, vbid: int) -> None:
-        """A replica's stream is gone: what it acknowledged no longer counts (it may be
-        a copy that will not catch up)."""
-        if self.consumer_name is not None:
-            self.server.durability.forget(vbid, self.consumer_name)
 
     async def drain(self, timeout: float) -> None:
         """Give the writer a moment to send what is queued (used before closing)."""
@@ -322,8 +324,12 @@ class Connection:
                 self._pending_durable -= 1
                 if entry.level in NEEDS_LOCAL_PERSISTENCE:
                     self._pending_persist -= 1
-                if not self._pending_durable:
-                    self.server.sync_waiters.discard(self)
+                left = self._durable_vbs[entry.vbid] - 1
+                if left:
+                    self._durable_vbs[entry.vbid] = left
+                else:
+                    del self._durable_vbs[entry.vbid]
+                    self.server.sync_waiters.discard(self, (entry.vbid,))
             else:  # a stream whose OK response is now out: it may start sending
                 entry.announced = True
                 self.ready[entry] = None
@@ -381,7 +387,6 @@ class Connection:
         self.ready.pop(stream, None)
         if self.streams.get(stream.vbid) is stream:
             del self.streams[stream.vbid]
-            self._forget_acks(stream.vbid)
         self.server.stream_registry.remove(stream)
 
     # ------------------------------------------------------------------ shutdown

@@ -2,23 +2,33 @@
 and stable-only streams.
 
 Rules of this module:
-- One monitor per server (``DcpServer.durability``), built once the bucket is open. It
-  is synchronous and knows no sockets, no clock and no trio: this node's seqnos and
-  states reach it as callables, replicas' as ``acknowledge`` calls (DCP_SEQNO_ACKNOWLEDGED,
-  dcp_handlers.py), the cluster map as ``set_topology`` (cluster/agent.py), this node's
-  flushes as ``flushed`` (a ``Persistence`` flush listener) and state changes as
-  ``state_changed`` (vbucket_states.py).
-- A vbucket's chain is the map's ``(active, replica, ...)`` with None for a missing
-  copy; its length counts the Nones, so ``k = len(chain) // 2 + 1`` copies make a
-  majority whatever is missing. Before any map, and on a single node, it is
-  ``(node_name,)``. While the vbucket is active here this node is its active copy: the
-  other named nodes of the chain are its replicas, whose acks count (a takeover can make
-  this node active before the map says so; the old active then replicates from it).
+- One monitor per server (``DcpServer.durability``, wired by sync_waiters.py), built
+  once the bucket is open. It is synchronous and knows no sockets, no clock and no
+  trio: this node's seqnos and states reach it as callables, replicas' as
+  ``acknowledge`` calls (DCP_SEQNO_ACKNOWLEDGED, seqno_ack.py), the cluster map as
+  ``set_topology`` (cluster/agent.py), this node's flushes as ``flushed`` (a
+  ``Persistence`` flush listener) and state changes as ``state_changed``
+  (vbucket_states.py).
+- How chains vote (named copies only, a forward chain counted beside the current one,
+  ``k = len(chain) // 2 + 1``) is durability_chains.py. Before any map, and on a single
+  node, a vbucket's chain is ``(node_name,)``.
+- An ack is recorded from every node streaming the vbucket from this node while the
+  vbucket is active here, whether the map names it yet or not; only the chains' named
+  nodes count. A replica does not repeat an ack it already sent on a stream
+  (replication/acks.py), so an ack dropped because the map did not name its node yet
+  (a rebalance adding a copy: its node acks before this node reads the forward map)
+  would leave an idle vbucket's majority at 0 after the flip. The ack of a node the map
+  drops stays recorded but counts for nothing. Acks on a vbucket not active here are
+  ignored, and every state change drops the vbucket's acks: an ack speaks for one
+  stream of one term.
+- Each ack keeps the stream it came on (``source``): when a stream ends, only the acks
+  it made are forgotten (``forget(vb, source=stream)``). The same node may stream a
+  vbucket on a new connection before its old one is seen to close; forgetting by name
+  would then drop the new stream's ack, which the replica does not send again.
 - Nothing is trusted from a replica beyond what this node sent it: an ack above the
   stream's last sent seqno is clamped to it, a persisted seqno above the held one to the
-  held one, and an ack from a node that is not a replica in the chain is ignored. The
-  caller logs the reason returned. So the majority never passes this node's own high
-  seqno.
+  held one. The caller logs the reason returned. So the majority never passes this
+  node's own high seqno.
 - An ack counts only if it arrives while ``trusted()`` (the server: its cluster write
   gate, cluster/agent.py) says this node's lease is sure. Failover ranks the replicas
   by the seqnos it reads once the failed node's lease has expired (cluster/failover.py),
@@ -34,10 +44,13 @@ Rules of this module:
   state change) counts them; a vbucket that stops being active here drops them.
 - Only the acked vbucket is re-evaluated on an ack; a flush, a topology or state change
   re-evaluates the vbuckets that have something waiting. After any of them that may
-  have moved a seqno, ``on_change`` is called (the server wakes the connections with
-  durable writes waiting; their writers re-check ``satisfied``) and due ``wait_stable``
-  callbacks are called. Callbacks run on the caller's (trio) thread, never from inside
+  have moved a seqno, ``on_change(vbs)`` is called with the vbuckets concerned (None:
+  any vbucket, after a flush; the server wakes the connections with durable writes
+  waiting on them, which re-check ``satisfied``) and due ``wait_stable`` callbacks are
+  called. Callbacks run on the caller's (trio) thread, never from inside
   ``wait_stable`` itself: one already due when registered is handed to ``call_soon``.
+  A waiter that goes away first (a stream closed) takes its callback back
+  (``cancel_wait``): nothing else would ever release it, nor what it holds.
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..protocol.opcodes import DurabilityLevel, VBucketState
+from .durability_chains import HELD, PERSISTED, Ack, Topology
 
 __all__ = ["DurabilityMonitor"]
 
@@ -61,6 +75,7 @@ _PERSIST_TO_ACTIVE = int(DurabilityLevel.PERSIST_TO_ACTIVE)
 _MAJORITY_LEVELS = frozenset((_MAJORITY, _MAJORITY_AND_PERSIST, _PERSIST_TO_MAJORITY))
 
 Wake = Callable[[], None]
+Chains = Sequence[Sequence[str | None] | None]
 
 
 class _VBucket(Protocol):
@@ -74,34 +89,6 @@ class _VBucket(Protocol):
 
     @property
     def state(self) -> VBucketState: ...
-
-
-def _kth_largest(values: list[int], k: int) -> int:
-    """The k-th largest of ``values`` (0 when there are fewer than k)."""
-    if len(values) < k:
-        return 0
-    if k == 1:
-        return max(values)
-    values.sort(reverse=True)
-    return values[k - 1]
-
-
-class _Topology:
-    """One vbucket's chain as the monitor uses it."""
-
-    __slots__ = ("chain", "copies", "k", "replicas")
-
-    def __init__(self, chain: tuple[str | None, ...], me: str) -> None:
-        self.chain = chain
-        self.k = len(chain) // 2 + 1
-        seen: dict[str, None] = {}
-        for name in chain:
-            if name is not None and name != me:
-                seen[name] = None
-        #: the nodes whose acks count: the chain's named nodes other than this one
-        self.replicas = tuple(seen)
-        #: |D|: this node (the active) and its replicas
-        self.copies = 1 + len(self.replicas)
 
 
 class DurabilityMonitor:
@@ -121,23 +108,26 @@ class DurabilityMonitor:
         self._high = high_seqno
         self._persisted = persisted_seqno
         self._is_active = is_active
-        self._single = _Topology((node_name,), node_name)
-        self._topo: list[_Topology] = [self._single] * num_vbuckets
-        #: per vb: {node: (held, persisted)} last acknowledged by that replica
-        self._acks: list[dict[str, tuple[int, int]]] = [{} for _ in range(num_vbuckets)]
+        self._single = Topology((node_name,), None, node_name)
+        self._topo: list[Topology] = [self._single] * num_vbuckets
+        #: per vb: {node: (held, persisted, source)} last acknowledged by that replica
+        self._acks: list[dict[str, Ack]] = [{} for _ in range(num_vbuckets)]
+        #: per vb: whether it was active at the last state change (a change drops acks)
+        self._was_active = [is_active(vb) for vb in range(num_vbuckets)]
         self._terms = [0] * num_vbuckets
         #: per vb with waiters: a heap of (seqno, order, wake)
         self._waiters: dict[int, list[tuple[int, int, Wake]]] = {}
         self._order = 0
-        #: called after anything that may have moved a seqno (the server wakes writers)
-        self.on_change: Callable[[], None] | None = None
+        #: called with the vbuckets whose seqnos may have moved (None: any, a flush);
+        #: the server wakes the writers waiting on them
+        self.on_change: Callable[[Sequence[int] | None], None] | None = None
         #: how a ``wait_stable`` already due when registered gets called later (the
         #: server: trio's ``run_sync_soon``); None: at the next re-evaluation
         self.call_soon: Callable[[Wake], None] | None = None
         #: whether acks may count now (module rules); None: always (a single node)
         self.trusted: Callable[[], bool] | None = None
-        #: per vb: {node: (held, persisted)} acked while not trusted, not counted yet
-        self._held_back: dict[int, dict[str, tuple[int, int]]] = {}
+        #: per vb: {node: (held, persisted, source)} acked while not trusted
+        self._held_back: dict[int, dict[str, Ack]] = {}
 
     @classmethod
     def of_vbuckets(cls, node_name: str, vbuckets: Sequence[_VBucket]) -> DurabilityMonitor:
@@ -153,78 +143,79 @@ class DurabilityMonitor:
 
     # ------------------------------------------------------------------ topology
 
-    def set_topology(self, chains: Sequence[Sequence[str | None]] | None) -> None:
+    def set_topology(self, chains: Chains | None, forward: Chains | None = None) -> None:
         """Every vbucket's chain (active first, None for a missing copy), or None: a
-        single node. Acks of nodes that left a vbucket's chain are dropped.
+        single node. ``forward``: per vbucket the chain a rebalance or failover is moving
+        it to (None for one not moving), or None: no vbucket is moving. Acks are kept
+        (module rules); what counts is re-evaluated.
 
         Raises:
-            ValueError: not one chain per vbucket, or an empty chain.
+            ValueError: not one chain per vbucket, an empty chain, or a forward list of
+                another length.
         """
+        n = self.num_vbuckets
         if chains is None:
-            new = [self._single] * self.num_vbuckets
+            new = [self._single] * n
         else:
-            if len(chains) != self.num_vbuckets:
-                raise ValueError(f"{len(chains)} chains for {self.num_vbuckets} vbuckets")
+            if len(chains) != n:
+                raise ValueError(f"{len(chains)} chains for {n} vbuckets")
+            if forward is not None and len(forward) != n:
+                raise ValueError(f"{len(forward)} forward chains for {n} vbuckets")
             new = []
             for vb, chain in enumerate(chains):
-                t = tuple(chain)
-                if not t:
+                fwd = forward[vb] if forward is not None else None
+                t = tuple(chain or ())
+                f = tuple(fwd) if fwd is not None else None
+                if not t or f == ():
                     raise ValueError(f"vb {vb}: empty chain")
                 old = self._topo[vb]
-                new.append(old if old.chain == t else _Topology(t, self.node_name))
-        changed = [vb for vb in range(self.num_vbuckets) if new[vb] is not self._topo[vb]]
+                new.append(old if old.same(t, f) else Topology(t, f, self.node_name))
+        changed = [vb for vb in range(n) if new[vb] is not self._topo[vb]]
         self._topo = new
-        for vb in changed:
-            keep = new[vb].replicas
-            for acks in (self._acks[vb], self._held_back.get(vb, {})):
-                for node in [n for n in acks if n not in keep]:
-                    del acks[node]
         if changed:
             self._changed(changed, wake_all=True)
         self._release()
 
     def chain(self, vb: int) -> tuple[str | None, ...]:
+        """``vb``'s current chain."""
         return self._topo[vb].chain
+
+    def forward_chain(self, vb: int) -> tuple[str | None, ...] | None:
+        """The chain ``vb`` is moving to (None: it is not moving)."""
+        return self._topo[vb].forward
 
     # ------------------------------------------------------------------ seqnos
 
     def majority_seqno(self, vb: int) -> int:
-        """The k-th largest held seqno over the vbucket's copies (0 when fewer than k
-        copies exist or the vbucket is not active here)."""
-        return self._majority(vb, 0)
+        """The k-th largest held seqno over the named copies of each chain, the least
+        over the chains (0 when a chain names fewer than k copies or the vbucket is not
+        active here)."""
+        return self._majority(vb, HELD)
 
     def majority_persisted_seqno(self, vb: int) -> int:
         """The same over persisted seqnos."""
-        return self._majority(vb, 1)
+        return self._majority(vb, PERSISTED)
 
     def _majority(self, vb: int, which: int) -> int:
-        t = self._topo[vb]
-        if t.copies < t.k or not self._is_active(vb):
+        if not self._is_active(vb):
             return 0
-        own = self._high(vb) if which == 0 else self._persisted(vb)
-        if t.k == 1:
-            return own
-        acks = self._acks[vb]
-        values = [own]
-        for node in t.replicas:
-            ack = acks.get(node)
-            values.append(ack[which] if ack is not None else 0)
-        return _kth_largest(values, t.k)
+        own = self._high(vb) if which == HELD else self._persisted(vb)
+        return self._topo[vb].majority(self.node_name, own, self._acks[vb], which)
 
     def stable_seqno(self, vb: int) -> int:
-        """The highest seqno no single node failure can take back: the majority seqno
-        when at least two copies make the majority, else (one copy) what this node has
-        persisted. 0 when the vbucket is not active here."""
-        t = self._topo[vb]
-        if t.copies >= max(t.k, 2):
-            return self._majority(vb, 0)
-        return self._persisted(vb) if self._is_active(vb) else 0
+        """The highest seqno no single node failure can take back (durability_chains.py
+        ``Chain.stable``, the least over the chains). 0 when not active here."""
+        if not self._is_active(vb):
+            return 0
+        return self._topo[vb].stable(
+            self.node_name, self._high(vb), self._persisted(vb), self._acks[vb]
+        )
 
     def possible(self, vb: int, level: int) -> bool:
-        """Whether the chain has enough copies for ``level`` (else DURABILITY_IMPOSSIBLE)."""
+        """Whether every chain names enough copies for ``level`` (else
+        DURABILITY_IMPOSSIBLE)."""
         if level in _MAJORITY_LEVELS:
-            t = self._topo[vb]
-            return t.copies >= t.k
+            return self._topo[vb].possible()
         return True
 
     def satisfied(self, vb: int, seqno: int, level: int) -> bool:
@@ -232,25 +223,40 @@ class DurabilityMonitor:
         if level == _PERSIST_TO_ACTIVE:
             return self._persisted(vb) >= seqno
         if level == _MAJORITY:
-            return self._majority(vb, 0) >= seqno
+            return self._majority(vb, HELD) >= seqno
         if level == _MAJORITY_AND_PERSIST:
-            return self._persisted(vb) >= seqno and self._majority(vb, 0) >= seqno
+            return self._persisted(vb) >= seqno and self._majority(vb, HELD) >= seqno
         if level == _PERSIST_TO_MAJORITY:
-            return self._persisted(vb) >= seqno and self._majority(vb, 1) >= seqno
+            return self._persisted(vb) >= seqno and self._majority(vb, PERSISTED) >= seqno
         return level == _NONE
 
     # ------------------------------------------------------------------ acks
 
     def acknowledge(
-        self, vb: int, node: str, seqno: int, persisted: int | None, *, sent: int
+        self,
+        vb: int,
+        node: str,
+        seqno: int,
+        persisted: int | None,
+        *,
+        sent: int,
+        source: object = None,
     ) -> str:
         """Record that replica ``node`` holds ``seqno`` of ``vb`` and has persisted
         ``persisted`` (None: not said; the last persisted seqno it said is kept, within
-        ``seqno``). ``sent``: the highest seqno this node sent on that replica's stream.
-        Returns "" or why the ack was clamped or ignored (the caller logs it)."""
+        ``seqno``). ``sent``: the highest seqno this node sent on that replica's stream;
+        ``source``: that stream (``forget`` drops only its acks). Returns "" or why the
+        ack was clamped, held back or ignored (the caller logs it); an ack a race
+        explains (the vbucket not active here, its node not in the map yet) is ignored
+        or kept silently, logged at DEBUG."""
+        if node == self.node_name:
+            return f"{node!r} is this node itself: ignored"
+        if not self._is_active(vb):
+            log.debug("ack of vb %d from %r ignored: not active here", vb, node)
+            return ""
         t = self._topo[vb]
-        if node not in t.replicas:
-            return f"{node!r} is not a replica of vb {vb} (chain {list(t.chain)}): ignored"
+        if node not in t.members:
+            log.debug("ack of vb %d from %r, not in its chains %s", vb, node, t.chain)
         acks = self._acks[vb]
         reason = ""
         if seqno > sent:
@@ -258,37 +264,41 @@ class DurabilityMonitor:
             seqno = sent
         if persisted is None:
             prev = self._held_back.get(vb, {}).get(node) or acks.get(node)
-            persisted = min(prev[1], seqno) if prev is not None else 0
+            persisted = min(prev[PERSISTED], seqno) if prev is not None else 0
         elif persisted > seqno:
             reason = reason or f"persisted {persisted} above held {seqno}: clamped"
             persisted = seqno
         if self.trusted is not None and not self.trusted():
-            self._held_back.setdefault(vb, {})[node] = (seqno, persisted)
+            self._held_back.setdefault(vb, {})[node] = (seqno, persisted, source)
             held = (
                 "this node's lease may have lapsed (fenced, or no map yet): held back, "
                 "not counted until it is sure"
             )
             return f"{reason}; {held}" if reason else held
         self._release()
-        before = (self._majority(vb, 0), self._majority(vb, 1))
-        acks[node] = (seqno, persisted)
-        if (self._majority(vb, 0), self._majority(vb, 1)) != before:
+        before = (self._majority(vb, HELD), self._majority(vb, PERSISTED))
+        acks[node] = (seqno, persisted, source)
+        if (self._majority(vb, HELD), self._majority(vb, PERSISTED)) != before:
             self._changed((vb,), wake_all=False)
         return reason
 
-    def forget(self, vb: int, node: str | None = None) -> None:
-        """Drop ``node``'s acks for ``vb`` (its stream or connection is gone), or all of
-        ``vb``'s. Nobody is woken: forgetting only lowers seqnos."""
-        if node is None:
-            self._acks[vb].clear()
-            self._held_back.pop(vb, None)
-        else:
-            self._acks[vb].pop(node, None)
-            self._held_back.get(vb, {}).pop(node, None)
+    def forget(self, vb: int, node: str | None = None, *, source: object = None) -> None:
+        """Drop acks of ``vb``: those made on stream ``source`` (it ended), else
+        ``node``'s, else all of them. Nobody is woken: forgetting only lowers seqnos."""
+        for acks in (self._acks[vb], self._held_back.get(vb)):
+            if not acks:
+                continue
+            if source is not None:
+                for name in [n for n, a in acks.items() if a[2] is source]:
+                    del acks[name]
+            elif node is not None:
+                acks.pop(node, None)
+            else:
+                acks.clear()
 
     def held_back(self, vb: int) -> dict[str, tuple[int, int]]:
         """The acks of ``vb`` that arrived while not trusted and do not count yet."""
-        return dict(self._held_back.get(vb, {}))
+        return {n: (a[HELD], a[PERSISTED]) for n, a in self._held_back.get(vb, {}).items()}
 
     def recheck(self) -> None:
         """Count the acks held back if this node is trusted now (the cluster agent calls
@@ -321,20 +331,25 @@ class DurabilityMonitor:
         return self._terms[vb]
 
     def state_changed(self, vb: int) -> None:
-        """``vb`` may have changed state. Not active here (any more): its acks are
-        dropped and its term bumped (a repeated call while it is not active bumps it
-        again, which nothing can notice: no write waits on a vbucket that is not active).
-        Its ``wait_stable`` callbacks are all called and writers woken."""
-        if not self._is_active(vb):
-            self._terms[vb] += 1
+        """``vb`` may have changed state. Any change (it is not active now, or was not
+        at the last call) drops its acks; not active here (any more) also bumps its term
+        (a repeated call while it is not active bumps it again, which nothing can
+        notice: no write waits on a vbucket that is not active). A call while it stays
+        active changes nothing. Its ``wait_stable`` callbacks are all called and writers
+        woken."""
+        active = self._is_active(vb)
+        if not active or not self._was_active[vb]:
             self._acks[vb].clear()
             self._held_back.pop(vb, None)
+        if not active:
+            self._terms[vb] += 1
+        self._was_active[vb] = active
         self._changed((vb,), wake_all=True)
         self._release()
 
     def flushed(self) -> None:
         """This node persisted something (the flush listener): persisted seqnos moved."""
-        self._changed(tuple(self._waiters), wake_all=False)
+        self._changed(tuple(self._waiters), wake_all=False, any_vb=True)
         self._release()
 
     # ------------------------------------------------------------------ waiting
@@ -348,11 +363,26 @@ class DurabilityMonitor:
         self._order += 1
         heapq.heappush(self._waiters.setdefault(vb, []), (seqno, self._order, wake))
 
+    def cancel_wait(self, vb: int, wake: Wake) -> int:
+        """Take back the ``wait_stable`` callbacks of ``vb`` equal to ``wake`` (their
+        waiter went away); returns how many."""
+        heap = self._waiters.get(vb)
+        if not heap:
+            return 0
+        keep = [entry for entry in heap if entry[2] != wake]
+        gone = len(heap) - len(keep)
+        if keep:
+            heapq.heapify(keep)
+            self._waiters[vb] = keep
+        else:
+            del self._waiters[vb]
+        return gone
+
     def waiting(self) -> int:
         """How many ``wait_stable`` callbacks are registered (stats, tests)."""
         return sum(len(h) for h in self._waiters.values())
 
-    def _changed(self, vbs: Sequence[int], *, wake_all: bool) -> None:
+    def _changed(self, vbs: Sequence[int], *, wake_all: bool, any_vb: bool = False) -> None:
         due: list[Wake] = []
         for vb in vbs:
             heap = self._waiters.get(vb)
@@ -370,4 +400,4 @@ class DurabilityMonitor:
         for wake in due:
             wake()
         if self.on_change is not None:
-            self.on_change()
+            self.on_change(None if any_vb else vbs)

@@ -5,15 +5,18 @@ Rules of this module:
 - The ack needs an open DCP connection that said which node it speaks for (control
   ``consumer_name``), else EINVAL; a malformed one is EINVAL too (``codec.
   parse_seqno_acknowledged`` raises, the reader answers). It is never answered
-  otherwise: an ack for a vbucket without a stream on this connection, or with another
-  stream's opaque, is dropped silently, as Couchbase does (it may simply be late).
+  otherwise: an ack for a vbucket without a stream on this connection, with another
+  stream's opaque or on a TAKEOVER stream (a replica acks on plain streams only,
+  replication/acks.py), is dropped silently, as Couchbase does (it may simply be late).
 - The durability monitor (durability.py) is told what the stream actually sent
   (``last_sent_seqno``), so a replica cannot claim more than it was given; what the
   monitor clamps or ignores is logged at WARNING, at most ``_LOG_BURST`` lines per
   ``_LOG_INTERVAL`` seconds server-wide, then counted: a buggy or hostile replica acks
   on every snapshot and must not flood the log.
-- When a replica's stream ends or its connection closes, its acks for that vbucket are
-  forgotten (connection.py).
+- Each ack is recorded with the stream it came on, which is marked ``acked``: when
+  that stream is released (it ended, or its connection closed) the monitor forgets the
+  acks it made and no others (active_stream.py ``release``), even if the same node
+  already streams the vbucket again on a newer connection.
 """
 
 from __future__ import annotations
@@ -81,10 +84,21 @@ def seqno_acknowledged(conn: Connection, f: Frame) -> None:
         return
     seqno, persisted = codec.parse_seqno_acknowledged(f)
     stream = conn.streams.get(f.vbucket)
-    if stream is None or stream.opaque != f.opaque or stream.is_dead:
+    if (
+        stream is None
+        or stream.opaque != f.opaque
+        or stream.is_dead
+        or stream.takeover is not None
+    ):
         return
+    stream.acked = True
     why = conn.server.durability.acknowledge(
-        f.vbucket, conn.consumer_name, seqno, persisted, sent=stream.last_sent_seqno
+        f.vbucket,
+        conn.consumer_name,
+        seqno,
+        persisted,
+        sent=stream.last_sent_seqno,
+        source=stream,
     )
     if why:
         _ack_log.warn(conn, f.vbucket, why)

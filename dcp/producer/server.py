@@ -61,6 +61,7 @@ from .persistence import Persistence
 from .replication.link import SourceAuth, tls_open_stream
 from .replication.manager import ReplicationManager
 from .stream_registry import StreamRegistry
+from .sync_waiters import SyncWaiters, start_durability
 from .tls import TlsContexts
 from .users_etcd import follow_users, open_users_etcd
 from .vbucket_states import VBucketStates
@@ -114,10 +115,10 @@ class DcpServer:
         self.stream_registry: StreamRegistry
         self.backfills: Backfills
         self.vbucket_states: VBucketStates
-        #: majority and stable seqnos per vbucket (durability.py)
+        #: majority and stable seqnos per vbucket (durability.py, sync_waiters.py)
         self.durability: DurabilityMonitor
-        #: connections with a durable write waiting: woken when the monitor's seqnos move
-        self.sync_waiters: set[Connection] = set()
+        #: connections with a durable write waiting, by vbucket (sync_waiters.py)
+        self.sync_waiters = SyncWaiters()
         self._by_name: dict[str, Connection] = {}
         self._shutdown = trio.Event()
         self._stopped = trio.Event()
@@ -181,7 +182,7 @@ class DcpServer:
             )
             registry = self.stream_registry = StreamRegistry(on_new_items=persistence.wake)
             bucket.add_listener(registry.mark_dirty)
-            self._start_durability()
+            self.durability = start_durability(self)
             async with trio.open_nursery() as bg:
                 self.backfills = Backfills(bucket.storage, self.config, self.metrics, bg)
                 bg.start_soon(persistence.run_flusher)
@@ -244,23 +245,6 @@ class DcpServer:
                 await self.cluster.aclose()
             log.info("stopped clean=%s", self.clean_shutdown)
             self._stopped.set()
-
-    def _start_durability(self) -> None:
-        """The durability monitor over the open bucket, told of each flush; it wakes the
-        connections whose durable writes wait when a seqno it tracks moves. Named as the
-        cluster map names this node; a single node is ``self``."""
-        monitor = self.durability = DurabilityMonitor.of_vbuckets(
-            self.config.node_name or "self", self.vbuckets
-        )
-        monitor.on_change = self._wake_sync_waiters
-        monitor.call_soon = trio.lowlevel.current_trio_token().run_sync_soon
-        # acks count only while the cluster lease is sure (durability.py: failover reads)
-        monitor.trusted = lambda: self.write_gate is None or self.write_gate()
-        self.persistence.add_flush_listener(monitor.flushed)
-
-    def _wake_sync_waiters(self) -> None:
-        for conn in self.sync_waiters:
-            conn.wake()
 
     async def _open_users(self) -> None:
         """``users_etcd``: the users now (etcd must answer, else ``UsersFileError``)."""
@@ -442,7 +426,6 @@ class DcpServer:
 
     def connection_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
-        self.sync_waiters.discard(conn)
         self.backfills.connection_closed(conn.id)
         if conn.dcp_name and self._by_name.get(conn.dcp_name) is conn:
             del self._by_name[conn.dcp_name]

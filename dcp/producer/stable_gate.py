@@ -15,6 +15,10 @@ Rules of this module:
   call): the monitor's callbacks are one-shot, and it may call one early (a topology or
   state change), so the callback clears the flag and marks the stream ready; the next
   ``fill`` checks again and waits again if it must. Synchronous; nothing here awaits.
+- A stream that goes away (``ActiveStream.release``) ``cancel``s the callback: the
+  monitor would otherwise keep it, and through it the stream, its queued snapshot and
+  its connection, until the vbucket's stable seqno reaches the seqno it waited for,
+  which may be never (persistence stopped, replicas gone).
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ class StableGate:
             self.waiting = True
             durability.wait_stable(stream.vbid, seqno, self._woken)
         return True
+
+    def cancel(self) -> None:
+        """The stream is gone: take the registered callback back, if any."""
+        if self.waiting:
+            self.waiting = False
+            stream = self._stream
+            stream.conn.server.durability.cancel_wait(stream.vbid, self._woken)
 
     def _woken(self) -> None:
         self.waiting = False

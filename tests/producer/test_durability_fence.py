@@ -100,8 +100,8 @@ def test_held_back_acks_follow_forget_and_the_chain() -> None:
     m.acknowledge(0, "C", 8, None, sent=10)  # no persisted seqno said: 0
     assert m.held_back(0) == {"B": (9, 9), "C": (8, 0)}
     m.forget(0, "B")  # its stream ended
-    _topo(m, "A", "D", "E")  # C left the chain: D and E are unknown
-    assert m.held_back(0) == {}
+    _topo(m, "A", "D", "E")  # C left the chain: kept (its stream lives), never counted
+    assert m.held_back(0) == {"C": (8, 0)}
     gate.open = True
     m.recheck()
     assert m.majority_seqno(0) == 0

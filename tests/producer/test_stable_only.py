@@ -24,7 +24,7 @@ from .wire import WireClient, items_of, keys_for_vb, markers_of
 
 
 class FakeDurability:
-    """The two calls a stable-only stream makes of ``server.durability``."""
+    """The calls a stable-only stream makes of ``server.durability``."""
 
     def __init__(self) -> None:
         self.stable: dict[int, int] = {}
@@ -37,6 +37,11 @@ class FakeDurability:
     def wait_stable(self, vb: int, seqno: int, wake: Callable[[], None]) -> None:
         self.registered += 1
         self.waits.append((vb, seqno, wake))
+
+    def cancel_wait(self, vb: int, wake: Callable[[], None]) -> int:
+        gone = [w for w in self.waits if w[0] == vb and w[2] == wake]
+        self.waits = [w for w in self.waits if w not in gone]
+        return len(gone)
 
     def advance(self, vb: int, seqno: int) -> None:
         """Move vb's stable seqno and call the callbacks now due (as the monitor does)."""

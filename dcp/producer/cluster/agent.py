@@ -16,10 +16,11 @@ Rules of this module:
   reconciled into ``VBucketStates`` in one batch (cluster/reconcile.py has the rules),
   and so is the same map every ``DRIFT_TICKS`` reads: states changed outside the map,
   or a vbucket a change skipped while it rolled back, are put right without waiting for
-  the next map. Each new map's chains go to the durability monitor (``server.durability.
-  set_topology``: majority durability counts them). A map that does not decode, or is
-  for another vbucket count, is logged and ignored. etcd away: the last map stays in
-  force and the lease decides whether writes continue (membership's fencing).
+  the next map. Each new map's chains and forward chains go to the durability monitor
+  (``server.durability.set_topology``: majority durability counts them). A map that
+  does not decode, or is for another vbucket count, is logged and ignored. etcd away:
+  the last map stays in force and the lease decides whether writes continue
+  (membership's fencing).
 - The write gate: ``writes_allowed()`` is false while membership says the lease may
   have lapsed, and until the node has read a map that names it (a node never placed,
   or one that may have been failed over while away, takes no write). The KV write
@@ -266,8 +267,13 @@ class ClusterAgent:
         else:
             log.info("cluster: map rev %d", revision)
         self.vbmap, self.revision = vbmap, revision
-        # the chains by node name: what majority durability counts (durability.py)
-        self.server.durability.set_topology([vbmap.names(vb) for vb in range(vbmap.num_vbuckets)])
+        # the chains by node name, and the ones vbuckets move to: what majority
+        # durability counts (durability.py)
+        vbs = range(vbmap.num_vbuckets)
+        self.server.durability.set_topology(
+            [vbmap.names(vb) for vb in vbs],
+            [vbmap.forward_names(vb) for vb in vbs] if vbmap.forward is not None else None,
+        )
         return True
 
     def _refresh_config(self) -> None:
