@@ -12,13 +12,15 @@ Rules of this module:
   (dcp/producer/durability.py): a replica that acks later, to an active resumed
   before it read the new map, holds more than it was read at, and that surplus is
   counted nowhere. A live node failed over by hand is first made to stop (its actives
-  dead) and the seqnos read again (cluster/failover_ops.py). A
-  replica whose seqnos could not be read ranks below every one that answered, and one
-  that answered without the vbucket in replica state is no candidate at all (it holds
-  no copy); ties go to chain order. Excluding those loses nothing counted: acks go only
-  on plain replica streams (replication/acks.py), and a copy left pending by a takeover
-  is settled back to replica before any failover (the orchestrator resumes moves in
-  flight first, cluster/orchestrator.py).
+  dead) and the seqnos read again (cluster/failover_ops.py). A replica whose seqnos
+  could not be read ranks below every one that answered, and one that answered without
+  the vbucket in replica state is no candidate at all (it holds no copy). Ties go to
+  the newest branch first (a copy whose newest branch another tied copy lists as an
+  older one is passed over: promoting it would make the newer copies roll back), then
+  to chain order. Excluding those loses nothing counted: acks go only on plain replica
+  streams (replication/acks.py), and a copy left pending by a takeover is settled back
+  to replica before any failover (the orchestrator resumes moves in flight first,
+  cluster/orchestrator.py).
 - A seqno counts only on the branch of history the failed active wrote (``valid_seqno``,
   from the candidates' failover logs): a replica whose newest branch another candidate
   knows as an older one (a former active rejoined as a replica, not yet rolled back)
@@ -120,7 +122,10 @@ def plan_failover(
                     else highs[r]
                     for r in candidates
                 }
-                best = max(candidates, key=lambda r: (valid[r], -candidates.index(r)))
+                older = _behind(candidates, valid, found)
+                best = max(
+                    candidates, key=lambda r: (valid[r], r not in older, -candidates.index(r))
+                )
                 promoted[vb] = best
                 chain: list[str | None] = [best, *(r for r in replicas if r != best)]
             else:
@@ -152,6 +157,29 @@ def valid_seqno(high: int, log: Log, others: Sequence[tuple[int, Log]]) -> int:
         if mine[0] in theirs[1:]:
             valid = min(valid, theirs[theirs.index(mine[0]) - 1][1])
     return valid
+
+
+def _behind(
+    candidates: Sequence[str], valid: Mapping[str, int], logs: Mapping[str, Log]
+) -> set[str]:
+    """The candidates whose newest branch another candidate with the same valid seqno
+    lists as an older one (its whole log, restart entries included). Promoting such a
+    copy makes every copy on the newer branch roll back (the new active does not know
+    their branch), for no seqno gained; so ties go to the newest branch first."""
+    out = set()
+    for r in candidates:
+        mine = logs.get(r)
+        if not mine:
+            continue
+        newest = (int(mine[0][0]), int(mine[0][1]))
+        for o in candidates:
+            theirs = logs.get(o)
+            if o == r or valid[o] != valid[r] or not theirs:
+                continue
+            if newest in [(int(u), int(s)) for u, s in theirs[1:]]:
+                out.add(r)
+                break
+    return out
 
 
 def _live_branches(high: int, log: Log) -> list[tuple[int, int]]:

@@ -81,13 +81,18 @@ async def replica_logs(
     orch: Orchestrator, view: ClusterView, vbmap: VBucketMap, node: str, seqnos: SeqnoMap
 ) -> dict[str, dict[int, list[tuple[int, int]]]]:
     """The failover logs of ``node``'s active vbuckets on each replica that said its
-    seqnos (which branch those seqnos are on: cluster/failover.py ``valid_seqno``)."""
+    seqnos (which branch those seqnos are on: cluster/failover.py ``valid_seqno``). A
+    replica holding none of them in replica state has nothing to be asked: its logs
+    are known (none), or an automatic failover would count it missing at every poll."""
     out: dict[str, dict[int, list[tuple[int, int]]]] = {}
     mine = {vb for vb in range(vbmap.num_vbuckets) if vbmap.active(vb) == node}
     for replica, held in sorted(seqnos.items()):
-        addr = view.address(replica)
         vbs = sorted(mine & held.keys())
-        if addr is None or not vbs:
+        if not vbs:
+            out[replica] = {}
+            continue
+        addr = view.address(replica)
+        if addr is None:
             continue
         try:
             out[replica] = await orch.control.failover_logs(addr, vbs)
