@@ -105,7 +105,9 @@ def test_an_early_wake_up_waits_again_and_a_dead_stream_is_not_marked_ready() ->
     assert conn.readied == [s]
     assert _fill(s) == [] and fake.registered == 2  # checked again, waiting again
     late = fake.waits[-1][2]
+    assert s._queue  # the held marker
     s.release()
     assert fake.waits == []  # released: its callback is taken back
+    assert not s._queue  # and what it held is let go
     late()  # one already on its way is harmless
     assert conn.readied == [s]  # nobody is woken for a released stream
