@@ -24,9 +24,8 @@ Rules of this module:
   behind it, never past that deadline. The writer sleeps until the deadline of the entry
   that blocks it; while writes of a vbucket wait, the connection is in
   ``server.sync_waiters`` under that vbucket (sync_waiters.py), woken whenever the
-  durability monitor's seqnos of that vbucket move (or after any flush).
-- A replica's acks are forgotten by the stream that made them, when it is released
-  (active_stream.py ``release``), never by the connection's consumer name.
+  durability monitor's seqnos of that vbucket move (or after any flush). A replica's
+  acks go with the stream that made them (active_stream.py ``release``).
 - Limits are enforced by the third task, ``conn_timers.run_timers`` (idle and
   partial-frame timeouts, DCP noops).
 - Bad input never escapes this connection: a malformed frame gets EINVAL (or, when the

@@ -4,8 +4,9 @@ connection's response queue (``Pending``) until the write's durability level hol
 Rules of this module:
 - Before anything is written (kv_handlers.py calls these in its write handlers): an
   undefined level or the reserved timeout 0xFFFF is DURABILITY_INVALID_LEVEL
-  (``requested_durability``); a majority level on an active vbucket whose chain has too
-  few copies is DURABILITY_IMPOSSIBLE (``durability_possible``).
+  (``requested_durability``); a majority level on an active vbucket whose chain (or the
+  forward chain it is moving to) names too few copies is DURABILITY_IMPOSSIBLE
+  (``durability_possible``).
 - A durable write is applied at once, like any write; only its answer waits (no
   prepare/commit: readers that must not see what a failure could take back use
   stable-only streams). ``Pending`` is that answer in the connection's ordered queue
@@ -138,12 +139,14 @@ def durability_possible(conn: Connection, f: Frame, level: int) -> bool:
     if dur.possible(vb, level) or not dur.is_active(vb):
         return True
     conn.server.metrics.sync_write(level, "impossible")
+    forward = dur.forward_chain(vb)
+    moving = f" (moving to {list(forward)})" if forward is not None else ""
     conn.error(
         f.opcode,
         Status.DURABILITY_IMPOSSIBLE,
         f.opaque,
         f"durability level {level} needs a majority of vb {vb}'s copies; its chain "
-        f"{list(dur.chain(vb))} has too few",
+        f"{list(dur.chain(vb))}{moving} names too few",
     )
     return False
 
