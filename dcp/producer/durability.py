@@ -264,12 +264,12 @@ class DurabilityMonitor:
             seqno = sent
         if persisted is None:
             prev = self._held_back.get(vb, {}).get(node) or acks.get(node)
-            persisted = min(prev[PERSISTED], seqno) if prev is not None else 0
+            persisted = min(prev.persisted, seqno) if prev is not None else 0
         elif persisted > seqno:
             reason = reason or f"persisted {persisted} above held {seqno}: clamped"
             persisted = seqno
         if self.trusted is not None and not self.trusted():
-            self._held_back.setdefault(vb, {})[node] = (seqno, persisted, source)
+            self._held_back.setdefault(vb, {})[node] = Ack(seqno, persisted, source)
             held = (
                 "this node's lease may have lapsed (fenced, or no map yet): held back, "
                 "not counted until it is sure"
@@ -277,7 +277,7 @@ class DurabilityMonitor:
             return f"{reason}; {held}" if reason else held
         self._release()
         before = (self._majority(vb, HELD), self._majority(vb, PERSISTED))
-        acks[node] = (seqno, persisted, source)
+        acks[node] = Ack(seqno, persisted, source)
         if (self._majority(vb, HELD), self._majority(vb, PERSISTED)) != before:
             self._changed((vb,), wake_all=False)
         return reason
@@ -289,7 +289,7 @@ class DurabilityMonitor:
             if not acks:
                 continue
             if source is not None:
-                for name in [n for n, a in acks.items() if a[2] is source]:
+                for name in [n for n, a in acks.items() if a.source is source]:
                     del acks[name]
             elif node is not None:
                 acks.pop(node, None)
@@ -298,7 +298,7 @@ class DurabilityMonitor:
 
     def held_back(self, vb: int) -> dict[str, tuple[int, int]]:
         """The acks of ``vb`` that arrived while not trusted and do not count yet."""
-        return {n: (a[HELD], a[PERSISTED]) for n, a in self._held_back.get(vb, {}).items()}
+        return {n: (a.held, a.persisted) for n, a in self._held_back.get(vb, {}).items()}
 
     def recheck(self) -> None:
         """Count the acks held back if this node is trusted now (the cluster agent calls

@@ -23,14 +23,24 @@ Rules of this module:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
-__all__ = ["Ack", "Chain", "Topology"]
-
-#: what one replica acknowledged: (held seqno, persisted seqno, the stream it came on)
-Ack = tuple[int, int, object]
+__all__ = ["HELD", "PERSISTED", "Ack", "Chain", "Topology"]
 
 HELD = 0
 PERSISTED = 1
+
+
+class Ack(NamedTuple):
+    """What one replica acknowledged, and the stream it came on."""
+
+    held: int
+    persisted: int
+    source: object
+
+    def seqno(self, which: int) -> int:
+        """``held`` (``which`` = HELD) or ``persisted``."""
+        return self.persisted if which == PERSISTED else self.held
 
 
 def _kth_largest(values: list[int], k: int) -> int:
@@ -67,7 +77,7 @@ class Chain:
                 values.append(own)
             else:
                 ack = acks.get(node)
-                values.append(ack[which] if ack is not None else 0)
+                values.append(ack.seqno(which) if ack is not None else 0)
         return values
 
     def majority(self, me: str, own: int, acks: Mapping[str, Ack], which: int) -> int:
@@ -101,7 +111,7 @@ class Topology:
         self.forward = tuple(forward) if forward is not None else None
         if self.forward == self.chain:
             self.forward = None
-        self.chains = (Chain(self.chain, me),)
+        self.chains: tuple[Chain, ...] = (Chain(self.chain, me),)
         if self.forward is not None:
             self.chains += (Chain(self.forward, me),)
         #: every node named by either chain
