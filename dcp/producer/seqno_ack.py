@@ -84,12 +84,7 @@ def seqno_acknowledged(conn: Connection, f: Frame) -> None:
         return
     seqno, persisted = codec.parse_seqno_acknowledged(f)
     stream = conn.streams.get(f.vbucket)
-    if (
-        stream is None
-        or stream.opaque != f.opaque
-        or stream.is_dead
-        or stream.takeover is not None
-    ):
+    if stream is None or stream.opaque != f.opaque or stream.is_dead or stream.takeover is not None:
         return
     stream.acked = True
     why = conn.server.durability.acknowledge(

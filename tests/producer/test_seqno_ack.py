@@ -135,7 +135,6 @@ def test_the_ack_needs_the_replicate_privilege() -> None:
     assert OPCODE_PRIVILEGES[Opcode.DCP_SEQNO_ACKNOWLEDGED] == "replicate"
 
 
-
 async def test_wait_stable_is_called_back_on_the_ack_and_soon_when_already_stable(
     tmp_path: Path,
 ) -> None:

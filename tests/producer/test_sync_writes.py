@@ -113,9 +113,7 @@ async def test_an_ack_above_what_was_sent_does_not_release_a_write(tmp_path: Pat
             assert (await replica.control("connection_buffer_size", "100")).status == 0
             k0, k1 = keys_for_vb(vb, 2, NVB)
             await w.set(k0, b"x" * 500)  # fills the window: seqno 1 sent, not acked
-            await replica.read_stream_until(
-                lambda f: f.opcode == Opcode.DCP_MUTATION, ack=False
-            )
+            await replica.read_stream_until(lambda f: f.opcode == Opcode.DCP_MUTATION, ack=False)
             op, frame = durable_set(w, k1, DurabilityLevel.MAJORITY, 10_000)
             await w.send(frame)
             assert not await replica.frames_for(0.2)  # seqno 2 is held back
