@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,20 @@ ME = "n1"
 CHAINS: list[list[str | None]] = [["n1", "n2"], ["n2", "n1"], ["n1", None], ["n1", "n3"]]
 #: after the failover of n1: its actives promoted where a copy was, vb 2 left to it
 FAILED_OVER: list[list[str | None]] = [["n2", None], ["n2", None], ["n1", None], ["n3", None]]
+
+
+@pytest.fixture(autouse=True)
+def _file_io_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the wait's marker-file work inline instead of in a worker thread: while a task
+    waits on a thread the autojump clock sees the run idle and jumps to the next deadline,
+    so on a loaded machine a ``move_on_after`` of the test could fire before the marker
+    was written (a fresh-clone run failed that way). The file operations are tiny."""
+
+    async def run_sync(fn: Callable[..., object], *args: object, **_kwargs: object) -> object:
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
 
 
 def vbmap(chains: Sequence[Sequence[str | None]]) -> VBucketMap:
