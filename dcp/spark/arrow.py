@@ -4,7 +4,7 @@ Rules of this module:
 - One schema for batch and stream reads (``SCHEMA_DDL``). The Arrow schema is built here
   without the JVM (executors cannot parse DDL) and must equal what pyspark derives from
   the DDL (a test checks it): Spark refuses record batches whose types differ.
-- Conversion is column by column from the executor's lists; unsigned 64-bit fields (cas,
+- Conversion is vectorized from the rows' Arrow batches (``columns.ROW_SCHEMA``); unsigned 64-bit fields (cas,
   seqnos) go through uint64 and are reinterpreted as Spark longs (no value is lost: a cas
   above 2**63 shows as a negative long, bit for bit).
 - ``position`` orders the rows of a vbucket across the whole stream: the rollback
@@ -68,53 +68,52 @@ def arrow_schema() -> Any:
     return _schema
 
 
-def _u64_as_long(pa: Any, values: list) -> Any:
-    return pa.array(values, pa.uint64()).cast(pa.int64(), safe=False)
-
-
 def to_record_batch(chunk: Chunk) -> Any:
+    """The chunk's rows (``columns.ROW_SCHEMA`` batches) in the source's schema: the
+    per-row vbucket, snapshot and branch columns repeated from ``chunk.segments``, all
+    vectorized (no Python object per row)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    vbs: list[int] = []
-    ss: list[int] = []
-    se: list[int] = []
-    uu: list[int] = []
-    base: list[int] = []
-    for vb, s, e, n, u, g in chunk.segments:
-        vbs += [vb] * n
-        ss += [s] * n
-        se += [e] * n
-        uu += [u] * n
-        if g or base:
-            base += [0] * (len(vbs) - n - len(base)) + [g << POSITION_SHIFT] * n
-    seqnos = _u64_as_long(pa, chunk.seqno)
-    position = pc.add(seqnos, pa.array(base, pa.int64())) if base else seqnos
-    cas = pa.array(chunk.cas, pa.uint64())
+    rows = chunk.batches[0] if len(chunk.batches) == 1 else pa.concat_batches(chunk.batches)
+    seg = np.array(chunk.segments, np.uint64).reshape(-1, 6)
+    counts = seg[:, 3].astype(np.int64)
+
+    def per_row(i: int, dtype: Any) -> Any:
+        return np.repeat(seg[:, i], counts).astype(dtype)
+
+    # uint64 fields are reinterpreted bit for bit as Spark longs (module rules); cas and
+    # rev_seqno are null on rollback rows, so they stay in Arrow
+    seqnos = rows.column(0).to_numpy().view(np.int64)
+    position = seqnos
+    if seg[:, 5].any():
+        position = seqnos + (per_row(5, np.int64) << POSITION_SHIFT)
+    cas = rows.column(4)
     stamp = pc.divide(cas, pa.scalar(1000, pa.uint64())).cast(pa.int64())
+    keys = rows.column(2)
     try:
-        keys = pa.array(chunk.key, pa.binary()).cast(pa.string())
+        keys = keys.cast(pa.string())
     except pa.ArrowInvalid:
         keys = pa.array(
-            [k.decode("utf-8", "replace") if k is not None else None for k in chunk.key],
+            [k.decode("utf-8", "replace") if k is not None else None for k in keys.to_pylist()],
             pa.string(),
         )
-    ops = pc.take(pa.array(OPS, pa.string()), pa.array(chunk.op, pa.int8()))
     arrays = [
-        pa.array(vbs, pa.int32()),
-        seqnos,
-        ops,
+        pa.array(per_row(0, np.int32)),
+        pa.array(seqnos),
+        pc.take(pa.array(OPS, pa.string()), rows.column(1)),
         keys,
-        pa.array(chunk.value, pa.binary()),
+        rows.column(3),
         cas.cast(pa.int64(), safe=False),
-        _u64_as_long(pa, chunk.rev),
-        pa.array(chunk.flags, pa.int64()),
-        pa.array(chunk.expiry, pa.int64()),
-        pa.array(chunk.datatype, pa.int32()),
-        _u64_as_long(pa, ss),
-        _u64_as_long(pa, se),
-        _u64_as_long(pa, uu),
-        position,
+        rows.column(5).cast(pa.int64(), safe=False),
+        rows.column(6),
+        rows.column(7),
+        rows.column(8),
+        pa.array(per_row(1, np.uint64).view(np.int64)),
+        pa.array(per_row(2, np.uint64).view(np.int64)),
+        pa.array(per_row(4, np.uint64).view(np.int64)),
+        pa.array(position),
         stamp.cast(pa.timestamp("us", tz="UTC")),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())

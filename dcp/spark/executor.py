@@ -21,10 +21,10 @@ Rules of this module:
   ``stream_frames.py``'s; the decisions themselves are ``ranges.py``'s.
 - An I/O shell over the connection's ``ClientSession`` (``dcp.protocol.session``): it
   decodes (magic, opcode and extras decide what a frame is), answers noops and matches
-  stream answers; the session builds each item straight as a row tuple in column order,
-  and a run of items (one ``Items`` event) is added to the columns with one ``extend``
-  per column. A frame that breaks the protocol fails the task with
-  ``RangeUnavailableError``.
+  stream answers. With ``item_frames`` the session hands a run of items over as frame
+  offsets in the receive buffer (one ``ItemFrames`` event), which ``columns.py`` turns
+  into one Arrow record batch without a Python object per row. A frame that breaks the
+  protocol fails the task with ``RangeUnavailableError``.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class _Reader(StreamFrames):
         self.retry_at: dict[int, float] = {}  # vbucket -> monotonic time of the next request
         self._handlers: dict[type, Callable[[Any], None]] = {
             ev.Items: self._items,
+            ev.ItemFrames: self._items,
             ev.Marker: self._marker,
             ev.SeqnoAdvanced: self._seqno_advanced,
             ev.StreamEnded: self._stream_ended,
@@ -100,7 +101,12 @@ class _Reader(StreamFrames):
     def connect(self) -> None:
         client = WireClient.for_config(
             self.cfg,
-            ClientSession(mutation=mutation_row, deletion=deletion_row, expiration=expiration_row),
+            ClientSession(
+                item_frames=True,
+                mutation=mutation_row,
+                deletion=deletion_row,
+                expiration=expiration_row,
+            ),
             self.address,
         )
         client.connect()

@@ -1,8 +1,8 @@
 """One vbucket range being read: snapshot assembly and the exactness decisions.
 
 Rules of this module:
-- Pure: no sockets, no clock. The executor (``executor.py``) appends received items to
-  ``RangeRead.rows`` (the snapshot being received, column by column) and calls
+- Pure: no sockets, no clock. The executor (``executor.py``) adds received items to
+  ``RangeRead.rows`` (the snapshot being received, ``changes.Rows``) and calls
   ``marker`` / ``item_done`` at the moments that need a decision; everything a decision
   produces goes to the shared output ``Chunk``, and ``done`` tells the executor to stop
   the server-side stream.
@@ -20,13 +20,12 @@ Rules of this module:
 
 from __future__ import annotations
 
-import bisect
 import logging
 
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 
 from .batch_plan import VbRange
-from .changes import Chunk, columns, newest_per_key
+from .changes import Chunk, Rows, newest_per_key
 from .errors import MergedSnapshotError
 
 __all__ = ["BUFFER_BYTES", "RangeRead"]
@@ -52,7 +51,6 @@ class RangeRead:
         "attempts",
         "branch",
         "c",
-        "counted",
         "done",
         "end",
         "extend",
@@ -64,7 +62,6 @@ class RangeRead:
         "opaque",
         "out",
         "partial",
-        "pbytes",
         "rng",
         "rows",
         "snap_end",
@@ -90,10 +87,8 @@ class RangeRead:
         self.stop = 0  # items at or past this seqno need a decision (``item_done``)
         self.verify = False  # the current snapshot runs past the planned end
         self.flags = 0
-        self.rows = columns()  # the snapshot being received
-        self.pbytes = 0  # approximate bytes of ``rows``
-        self.counted = 0  # rows already counted in ``pbytes``
-        self.acc = columns()  # accepted snapshots of this range
+        self.rows = Rows()  # the snapshot being received
+        self.acc = Rows()  # accepted snapshots of this range
         self.nbytes = 0
         self.partial = False  # part of the range was handed out early (too big)
         self.done = False
@@ -107,35 +102,24 @@ class RangeRead:
         self.drop_pending()
 
     def drop_pending(self) -> None:
-        for col in self.rows:
-            col.clear()
-        self.pbytes = 0
-        self.counted = 0
+        self.rows.clear()
 
     def count_pending(self) -> None:
-        """Account the bytes of rows appended since the last count (called now and then
-        by the executor, not per row); hand out a too-big snapshot early."""
+        """After each received chunk: hand out a too-big snapshot early."""
         rows = self.rows
-        m = len(rows[0])
-        if m - self.counted >= 4096:
-            self.pbytes += sum(map(len, filter(None, rows[3][self.counted :]))) + 64 * (
-                m - self.counted
-            )
-            self.counted = m
-            if self.pbytes > BUFFER_BYTES:
-                self.item_done(rows[0][-1])
+        if rows.nbytes > BUFFER_BYTES:
+            self.item_done(rows.last_seqno())
 
     # ------------------------------------------------------------------ decisions
 
     def accept(self) -> None:
         """What was received is complete (a whole snapshot, or a HISTORY prefix)."""
         rows = self.rows
-        if rows[0]:
-            for acc, col in zip(self.acc, rows, strict=True):
-                acc.extend(col)
-            self.c = max(self.c, rows[0][-1])
-            self.nbytes += self.pbytes + 64 * (len(rows[0]) - self.counted)
-            self.drop_pending()
+        if len(rows):
+            self.c = max(self.c, rows.last_seqno())
+            self.acc.extend(rows)
+            self.nbytes += rows.nbytes
+            self.rows = Rows()
             if self.nbytes > BUFFER_BYTES:
                 self.partial = True
                 self.hand_out(self.c)
@@ -145,7 +129,7 @@ class RangeRead:
         self.out.add(
             rng.vbucket, self.first, snap_end, newest_per_key(self.acc), self.branch, rng.gen
         )
-        self.acc = columns()
+        self.acc = Rows()
         self.nbytes = 0
         self.first = snap_end + 1
 
@@ -160,7 +144,7 @@ class RangeRead:
     def rollback(self, seqno: int, uuid: int) -> None:
         """The server's history no longer holds the range: one rollback row instead (of
         the next generation: it undoes rows delivered before, on branch ``uuid``)."""
-        self.acc = columns()
+        self.acc = Rows()
         self.drop_pending()
         self.out.add_rollback(self.rng.vbucket, seqno, uuid, self.rng.gen + 1)
         self.done = True
@@ -198,14 +182,12 @@ class RangeRead:
         first revision, the part up to the end is exactly the original range; otherwise
         the range was merged."""
         rows = self.rows
-        i = bisect.bisect_right(rows[0], self.end)
-        tail = rows[5][i:]
-        if tail.count(1) == len(tail):
-            for col in rows:
-                del col[i:]
+        tail = rows.split_after(self.end)
+        if all(rev == 1 for rev in tail.column(5)):
             self.accept()
             self.finish()
             return
+        rows.extend(tail)  # merged: the snapshot stays whole
         rng = self.rng
         if self.on_merged != "reread":
             raise MergedSnapshotError(
@@ -239,9 +221,8 @@ class RangeRead:
             return  # a snapshot being checked is buffered whole, whatever its size
         if seqno > self.end and not self.extend:  # a HISTORY snapshot runs past the range
             rows = self.rows
-            if rows[0] and rows[0][-1] == seqno:
-                for col in rows:
-                    col.pop()
+            if len(rows) and rows.last_seqno() == seqno:
+                rows.drop_last()
             self.accept()
             self.finish()
         elif seqno >= self.snap_end:
@@ -251,6 +232,6 @@ class RangeRead:
             self.finish()
         elif self.flags & _HISTORY:
             self.accept()  # every prefix of a history snapshot is a real state
-        elif self.pbytes > BUFFER_BYTES:
+        elif self.rows.nbytes > BUFFER_BYTES:
             self.partial = True  # a snapshot bigger than the buffer: handed out in parts
             self.accept()

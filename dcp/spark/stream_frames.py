@@ -19,9 +19,7 @@ Rules of this module:
 
 from __future__ import annotations
 
-import bisect
 import logging
-import operator
 from collections.abc import Sequence
 
 from dcp.protocol import SEQNO_MAX, Status, StreamEndStatus
@@ -37,7 +35,6 @@ __all__ = ["StreamFrames"]
 
 log = logging.getLogger("dcp.spark")
 
-_SEQNO = operator.itemgetter(0)
 _RETRIABLE_END = {
     StreamEndStatus.DISCONNECTED,
     StreamEndStatus.SLOW,
@@ -172,25 +169,30 @@ class StreamFrames:
 
     # ------------------------------------------------------------------ data events
 
-    def _items(self, e: ev.Items) -> None:
-        """A run of rows: added to the columns in slices that end at the rows needing a
-        decision (at or past ``stop``); rows after a decision that closed the stream are
-        dropped. (The buffered bytes are counted per chunk, in ``_feed``.)"""
+    def _items(self, e: ev.Items | ev.ItemFrames) -> None:
+        """A run of items, as one record batch (``columns.py``: vectorized from the frames
+        of an ``ItemFrames`` run; row tuples only for an ``Items`` event), added to the
+        range in slices that end at the rows needing a decision (at or past ``stop``);
+        rows after a decision that closed the stream are dropped. (The buffered bytes are
+        counted per chunk, in ``_feed``.)"""
         st = self.by_opaque.get(e.opaque)
         if st is None or st.state != "open":
             return
-        rows = e.items
-        n = len(rows)
+        from numpy import searchsorted
+
+        from .columns import from_frames, from_rows
+
+        batch = from_frames(e.buf, e.starts) if type(e) is ev.ItemFrames else from_rows(e.items)
+        seqnos = batch.column(0).to_numpy()
+        n = len(seqnos)
         i = 0
         while i < n:
-            j = bisect.bisect_left(rows, st.stop, i, n, key=_SEQNO)
+            j = max(i, int(searchsorted(seqnos, st.stop, "left")))
             k = j + 1 if j < n else n
-            part = rows[i:k] if i or k < n else rows
-            for col, values in zip(st.rows, zip(*part, strict=True), strict=True):
-                col.extend(values)
+            st.rows.add(batch.slice(i, k - i) if i or k < n else batch)
             i = k
             if j < n:
-                st.item_done(rows[j][0])
+                st.item_done(int(seqnos[j]))
                 self.settle(st)
                 if st.state != "open":
                     return

@@ -9,6 +9,7 @@ import pytest
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 from dcp.spark.batch_plan import VbRange
 from dcp.spark.changes import Chunk, mutation_row
+from dcp.spark.columns import from_rows
 from dcp.spark.errors import MergedSnapshotError
 from dcp.spark.ranges import RangeRead
 
@@ -16,11 +17,10 @@ DISK = int(SnapshotMarkerFlag.DISK)
 
 
 def _receive(rr: RangeRead, seqnos: range, rev: int) -> None:
-    """Items as the executor appends them (column by column), then its decision call."""
+    """Items as the executor adds them (a record batch per run), then its decision call."""
     for s in seqnos:
         row = mutation_row(7, s, rev, s << 16, 0, 0, 0, 0, b"k%d" % s, b"v")
-        for col, value in zip(rr.rows, row, strict=True):
-            col.append(value)
+        rr.rows.add(from_rows([row]))
         if s >= rr.stop:
             rr.item_done(s)
 
