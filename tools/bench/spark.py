@@ -17,6 +17,15 @@ tuning of docs/spark.md), each DCP measure beside the same measure on parquet:
   ``maxOffsetsPerTrigger`` (``--max-offsets``). A backlog is cut only on boundaries the
   planner saw (docs/spark.md, Planning), so the limit only bites on a live feed.
 
+The batch read and the stream each run once untimed per side (warm-up), then ``--reps``
+times per side (3; ``--tiny`` 1), alternating ours and parquet, so both sides meet the
+same JIT, GC and machine drift; the median is reported (min and max beside it) and used
+for the ratio and the goal. Each timed run also records CPU seconds by process class
+(DCP server, Spark's Python workers, JVM, this driver; tools/bench/spark_cpu.py),
+printed per 1M rows, which shows where the time goes. The live measure runs once per
+setting. The table (tools/bench/spark_report.py) starts with nproc and the load average
+at start and end: a loaded machine moves every number.
+
 The goals (issue #20): batch >= 0.6x parquet, whole streaming query >= 0.5x parquet,
 ``maxOffsetsPerTrigger`` costing <= 20 % of the live stream's throughput.
 
@@ -25,7 +34,14 @@ replaces the real one for the DCP measures (no live measure then).
 
     .venv/bin/python -m tools.bench.spark                # 1,000,000 rows, 1024 vbuckets
     .venv/bin/python -m tools.bench.spark --replay       # the same through the stand-in
-    .venv/bin/python -m tools.bench.spark --tiny         # CI smoke (well under a minute)
+    .venv/bin/python -m tools.bench.spark --tiny         # CI smoke (about a minute)
+    .venv/bin/python -m tools.bench.spark --reps 5 --json  # more runs, one JSON line
+
+Rules of this module:
+- Every process it starts (the server or stand-in, Spark's JVM) is stopped before it
+  returns; everything listens on loopback.
+- Every timed run's rows and bytes are checked against what was loaded before any
+  number is reported: a fast wrong read fails the bench.
 """
 
 from __future__ import annotations
@@ -40,8 +56,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tools.bench import spark_cpu
+from tools.bench.spark_report import report
 
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -78,16 +98,6 @@ def start_server(data_dir: str, vbuckets: int, history: bool) -> tuple[subproces
     stderr = proc.stderr
     threading.Thread(target=lambda: [None for _ in stderr], daemon=True).start()
     return proc, port
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc), 0.0 where unavailable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def load(
@@ -142,14 +152,15 @@ def session(cores: int) -> Any:
 AGG = ("count(*)", "sum(length(value))")
 
 
-def batch_read(df: Any) -> tuple[int, int, float]:
+def batch_read(df: Any) -> dict[str, Any]:
     t = time.perf_counter()
     n, nbytes = df.selectExpr(*AGG).collect()[0]
-    return n, nbytes or 0, time.perf_counter() - t
+    return {"rows": n, "bytes": nbytes or 0, "s": time.perf_counter() - t}
 
 
-def stream_read(reader: Any, opts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``reader`` (a ``DataStreamReader``) drained by an ``availableNow`` query."""
+def stream_read(reader: Any) -> dict[str, Any]:
+    """``reader`` (a ``DataStreamReader``) drained by an ``availableNow`` query, from a
+    fresh checkpoint (so every run reads everything)."""
     out: dict[str, Any] = {"rows": 0, "bytes": 0}
 
     def sink(df: Any, batch_id: int) -> None:
@@ -212,7 +223,24 @@ def live_stream(spark: Any, port: int, args: Any, first: int, max_offsets: int) 
     return {"s": total, "write_s": write_s, "batches": seen["batches"], "rows": seen["rows"]}
 
 
-GOALS = {"batch": 0.6, "stream": 0.5, "max_offsets_cost": 0.20}
+def alternate(
+    reps: int, ours: Callable[[], dict], base: Callable[[], dict], server_pid: int
+) -> dict[str, list[dict[str, Any]]]:
+    """One untimed warm-up of each side, then ``reps`` timed runs of each, alternating
+    ours/parquet, each with its CPU by process class (tools/bench/spark_cpu.py).
+
+    Why: a single shot of either side mostly measures the JVM's state (JIT, GC, caches);
+    alternating exposes both sides to the same drift of the machine and of the JVM."""
+    ours()
+    base()
+    out: dict[str, list[dict[str, Any]]] = {"ours": [], "parquet": []}
+    for _ in range(reps):
+        for side, fn in (("ours", ours), ("parquet", base)):
+            c0 = spark_cpu.sample(server_pid)
+            r = fn()
+            r["cpu"] = spark_cpu.delta(c0, spark_cpu.sample(server_pid))
+            out[side].append(r)
+    return out
 
 
 def parse_args(argv: list[str] | None) -> Any:
@@ -232,10 +260,15 @@ def parse_args(argv: list[str] | None) -> Any:
     ap.add_argument("--replay", action="store_true", help="DCP reads from the stand-in server")
     ap.add_argument("--snapshot", type=int, default=10_000, help="--replay: items/snapshot")
     ap.add_argument("--tiny", action="store_true", help="CI smoke: 4,000 rows, 64 vbuckets")
+    ap.add_argument("--reps", type=int, help="timed runs of each repeated measure (3; tiny 1)")
     ap.add_argument("--json", action="store_true", help="print one JSON line instead")
     args = ap.parse_args(argv)
     if args.tiny:
         args.rows, args.vbuckets, args.rounds = 4000, 64, 4
+    if args.reps is None:
+        args.reps = 1 if args.tiny else 3
+    if args.reps < 1:
+        ap.error("--reps must be at least 1")
     args.live_rows = args.live_rows or max(1, args.rows // 4)
     args.max_offsets = args.max_offsets or max(1, args.live_rows // 10)
     return args
@@ -245,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     from tools.bench.spark_replay import start_replay
 
     args = parse_args(argv)
+    machine: dict[str, Any] = {"nproc": os.cpu_count(), "loadavg_start": os.getloadavg()}
     data = tempfile.mkdtemp(prefix="bench-spark-data-")
     pq = tempfile.mkdtemp(prefix="bench-spark-parquet-")
     t = time.perf_counter()
@@ -267,15 +301,23 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         dcp().load().write.parquet(pq + "/rows")  # also the first query (worker start-up)
         res["first_query_and_parquet_copy_s"] = round(time.perf_counter() - t, 2)
-        c0 = cpu_seconds(proc.pid)
-        ours_b = batch_read(dcp().load())
-        res["server_cpu_batch_s"] = round(cpu_seconds(proc.pid) - c0, 2)
-        pq_b = batch_read(spark.read.parquet(pq + "/rows"))
-        ours_s = stream_read(dcp(stream=True))
         schema = spark.read.parquet(pq + "/rows").schema
-        pq_s = stream_read(
-            spark.readStream.schema(schema).format("parquet").option("path", pq + "/rows")
-        )
+        runs = {
+            "batch": alternate(
+                args.reps,
+                lambda: batch_read(dcp().load()),
+                lambda: batch_read(spark.read.parquet(pq + "/rows")),
+                proc.pid,
+            ),
+            "stream": alternate(
+                args.reps,
+                lambda: stream_read(dcp(stream=True)),
+                lambda: stream_read(
+                    spark.readStream.schema(schema).format("parquet").option("path", pq + "/rows")
+                ),
+                proc.pid,
+            ),
+        }
         live: dict[str, Any] = {}
         if not args.replay:
             live["unlimited"] = live_stream(spark, port, args, args.rows, 0)
@@ -287,101 +329,17 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(30)
         shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(pq, ignore_errors=True)
+    machine["loadavg_end"] = os.getloadavg()
     want = (args.rows, args.rows * args.value_size)
-    for got in (
-        ours_b[:2],
-        pq_b[:2],
-        (ours_s["rows"], ours_s["bytes"]),
-        (pq_s["rows"], pq_s["bytes"]),
-    ):
-        assert got == want, (got, want)
+    for which in runs.values():
+        for side_runs in which.values():
+            for r in side_runs:
+                assert (r["rows"], r["bytes"]) == want, (r, want)
     assert alone_n == args.rows, alone_n
-    res.update(report(args, alone_n / alone_s, ours_b, pq_b, ours_s, pq_s, live))
+    res.update(report(args, alone_n / alone_s, runs, live, machine))
     if args.json:
         print(json.dumps(res))
     return 0
-
-
-def report(
-    args: Any, alone: float, ours_b: tuple, pq_b: tuple, ours_s: dict, pq_s: dict, live: dict
-) -> dict[str, Any]:
-    """The results as a dict, printed as a table unless ``--json``."""
-    n = args.rows
-    rows = [  # (key, name, ours rows/s, parquet rows/s, goal)
-        ("batch", "batch read", n / ours_b[2], n / pq_b[2], GOALS["batch"]),
-        (
-            "stream_query",
-            "stream: whole availableNow query",
-            n / ours_s["query_s"],
-            n / pq_s["query_s"],
-            GOALS["stream"],
-        ),
-        (
-            "stream_inside",
-            "stream: inside batches (addBatch)",
-            n / max(ours_s["inside_s"], 1e-9),
-            n / max(pq_s["inside_s"], 1e-9),
-            None,
-        ),
-    ]
-    out: dict[str, Any] = {
-        "rows": n,
-        "vbuckets": args.vbuckets,
-        "partitions": args.partitions,
-        "cores": args.cores,
-        "replay": args.replay,
-        "history": not args.no_history,
-        "python": sys.version.split()[0],
-        "connector_alone_rows_per_s": round(alone),
-        "stream_batches": ours_s["batches"],
-    }
-    for key, _name, ours, base, goal in rows:
-        out[key] = {
-            "ours_rows_per_s": round(ours),
-            "parquet_rows_per_s": round(base),
-            "ratio": round(ours / base, 3),
-            "goal": goal,
-        }
-    if live:
-        u, lim = live["unlimited"], live["limited"]
-        cost = 1 - (args.live_rows / lim["s"]) / (args.live_rows / u["s"])
-        out["max_offsets"] = {
-            "live_rows": args.live_rows,
-            "rounds": args.rounds,
-            "maxOffsetsPerTrigger": args.max_offsets,
-            "unlimited_s": round(u["s"], 3),
-            "limited_s": round(lim["s"], 3),
-            "writer_s": [round(u["write_s"], 3), round(lim["write_s"], 3)],
-            "batches": [u["batches"], lim["batches"]],
-            "cost": round(cost, 3),
-            "goal": GOALS["max_offsets_cost"],
-        }
-    if args.json:
-        return out
-    print(
-        f"rows={n:,} value={args.value_size} B vbuckets={args.vbuckets} "
-        f"partitions={args.partitions} "
-        f"local[{args.cores}] server={'stand-in (--replay)' if args.replay else 'dcp-server'} "
-        f"history={not args.no_history} Python {out['python']}"
-    )
-    print(f"connector alone (1 connection, no Spark): {alone:,.0f} rows/s")
-    print(f"{'measure':<36}{'ours rows/s':>13}{'parquet rows/s':>16}{'ratio':>8}{'goal':>8}  met")
-    for _key, name, ours, base, goal in rows:
-        ratio = ours / base
-        met = "-" if goal is None else ("yes" if ratio >= goal else "NO")
-        g = "-" if goal is None else f">={goal:.1f}x"
-        print(f"{name:<36}{ours:>13,.0f}{base:>16,.0f}{ratio:>7.2f}x{g:>8}  {met}")
-    if live:
-        m = out["max_offsets"]
-        print(
-            f"live stream, {args.live_rows:,} rows in {args.rounds} rounds: unlimited "
-            f"{m['unlimited_s']:.2f} s ({m['batches'][0]} batches), maxOffsetsPerTrigger="
-            f"{args.max_offsets:,} {m['limited_s']:.2f} s ({m['batches'][1]} batches); writer "
-            f"alone took {m['writer_s'][0]:.2f} / {m['writer_s'][1]:.2f} s"
-        )
-        met = "yes" if m["cost"] <= GOALS["max_offsets_cost"] else "NO"
-        print(f"maxOffsetsPerTrigger cost {m['cost']:.0%} (goal <= 20%)  {met}")
-    return out
 
 
 if __name__ == "__main__":
