@@ -4,9 +4,9 @@ Rules of this module:
 - One schema for batch and stream reads (``SCHEMA_DDL``). The Arrow schema is built here
   without the JVM (executors cannot parse DDL) and must equal what pyspark derives from
   the DDL (a test checks it): Spark refuses record batches whose types differ.
-- Conversion is vectorized from the rows' Arrow batches (``columns.ROW_SCHEMA``); unsigned 64-bit fields (cas,
-  seqnos) go through uint64 and are reinterpreted as Spark longs (no value is lost: a cas
-  above 2**63 shows as a negative long, bit for bit).
+- Conversion is vectorized from the rows' Arrow batches (``columns.ROW_SCHEMA``);
+  unsigned 64-bit fields (cas, seqnos) are reinterpreted as Spark longs (no value is
+  lost: a cas above 2**63 shows as a negative long, bit for bit).
 - ``position`` orders the rows of a vbucket across the whole stream: the rollback
   generation (offsets.py, ``g``) in the high bits, the seqno in the low 48, so a
   ``rollback`` row sorts after every row it undoes and before the rows that follow it.
@@ -76,8 +76,8 @@ def to_record_batch(chunk: Chunk) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    rows = chunk.batches[0] if len(chunk.batches) == 1 else pa.concat_batches(chunk.batches)
-    seg = np.array(chunk.segments, np.uint64).reshape(-1, 6)
+    rows, segments = chunk.final()
+    seg = np.array(segments, np.uint64).reshape(-1, 6)
     counts = seg[:, 3].astype(np.int64)
 
     def per_row(i: int, dtype: Any) -> Any:

@@ -123,34 +123,40 @@ class Rows:
         """Column ``i`` as Python values (tests, checks on a few rows)."""
         return [v for b in self.batches for v in b.column(i).to_pylist()]
 
-    def combined(self) -> Any:
-        """One record batch of every row."""
-        import pyarrow as pa
-
-        from .columns import ROW_SCHEMA
-
-        if len(self.batches) == 1:
-            return self.batches[0]
-        return pa.concat_batches(self.batches) if self.batches else ROW_SCHEMA.empty_table()
-
 
 class Chunk:
-    """Rows ready for Spark: record batches (``columns.ROW_SCHEMA``) plus ``segments``."""
+    """Rows ready for Spark: record batches (``columns.ROW_SCHEMA``) plus ``segments``.
 
-    __slots__ = ("_py", "batches", "n", "segments")
+    Change sets are added as received (every version); ``final()`` applies the change-set
+    rule to all of them at once (``newest_per_key``), so its fixed cost is paid per chunk,
+    not per vbucket. ``segments`` and the column views are those of the final rows."""
+
+    __slots__ = ("_final", "_py", "_segs", "batches", "n")
 
     def __init__(self) -> None:
         self.batches: list[Any] = []
-        self.segments: list[tuple[int, int, int, int, int, int]] = []
-        self.n = 0
+        self._segs: list[tuple[int, int, int, int, int, int]] = []
+        self.n = 0  # rows added (before the change-set rule)
+        self._final: tuple[Any, list] | None = None
         self._py: dict[int, list] | None = None
+
+    def final(self) -> tuple[Any, list[tuple[int, int, int, int, int, int]]]:
+        """One record batch of the chunk's change sets (newest version per key of each)
+        and its segments ``(vbucket, snapshot start, snapshot end, rows, vb uuid, gen)``."""
+        if self._final is None:
+            self._final = newest_per_key(self.batches, self._segs)
+        return self._final
+
+    @property
+    def segments(self) -> list[tuple[int, int, int, int, int, int]]:
+        return self.final()[1]
 
     def _col(self, i: int) -> list:
         """Column ``i`` as Python values (tests and debugging; cached until the next add)."""
         if self._py is None:
             self._py = {}
         if i not in self._py:
-            self._py[i] = [v for b in self.batches for v in b.column(i).to_pylist()]
+            self._py[i] = self.final()[0].column(i).to_pylist()
         return self._py[i]
 
     seqno = property(lambda self: self._col(0))
@@ -170,52 +176,60 @@ class Chunk:
         """Move the rows into a new chunk and leave this one empty (its holders keep
         appending to it)."""
         out = Chunk()
-        out.batches, out.segments, out.n = self.batches, self.segments, self.n
-        self.batches, self.segments, self.n, self._py = [], [], 0, None
+        out.batches, out._segs, out.n = self.batches, self._segs, self.n
+        self.batches, self._segs, self.n = [], [], 0
+        self._final = self._py = None
         return out
 
     def add(
-        self,
-        vb: int,
-        snap_start: int,
-        snap_end: int,
-        batch: Any,
-        uuid: int = 0,
-        gen: int = 0,
+        self, vb: int, snap_start: int, snap_end: int, rows: Rows, uuid: int = 0, gen: int = 0
     ) -> None:
-        n = batch.num_rows
-        if n:
-            self.batches.append(batch)
-            self.segments.append((vb, snap_start, snap_end, n, uuid, gen))
-            self.n += n
-            self._py = None
+        """One change set: ``rows`` of ``vb`` (every version; the rule applies in ``final``)."""
+        if rows.n:
+            self.batches += rows.batches
+            self._segs.append((vb, snap_start, snap_end, rows.n, uuid, gen))
+            self.n += rows.n
+            self._final = self._py = None
 
     def add_rollback(self, vb: int, seqno: int, uuid: int = 0, gen: int = 0) -> None:
         """One ``op = rollback`` row: forget every change of ``vb`` above ``seqno`` that
         came before it (rows of generation ``gen`` and later come after it)."""
         from .columns import from_rows
 
-        row = (seqno, OP_ROLLBACK, None, None, None, None, None, None, None)
-        self.add(vb, seqno, seqno, from_rows([row]), uuid, gen)
+        rows = Rows()
+        rows.add(from_rows([(seqno, OP_ROLLBACK, None, None, None, None, None, None, None)]))
+        self.add(vb, seqno, seqno, rows, uuid, gen)
 
 
-def newest_per_key(rows: Rows) -> Any:
-    """Keep, for every key, only its last (newest) row; rows stay in seqno order. Returns
-    one record batch."""
+def newest_per_key(batches: list[Any], segments: list[tuple]) -> tuple[Any, list[tuple]]:
+    """The change-set rule over every segment at once: keep, for every key of a segment,
+    only its last (newest) row; rows stay in order. Returns the rows as one record batch
+    and the segments with their new row counts. One distinct count decides the common
+    case (no key twice in the chunk: keys of different vbuckets never meet); only then a
+    group-by on (segment, key)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    b = rows.combined()
+    from .columns import ROW_SCHEMA
+
+    if not batches:
+        return pa.RecordBatch.from_pylist([], schema=ROW_SCHEMA), []
+    b = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     n = b.num_rows
     keys = b.column(2)
-    if n < 2 or pc.count_distinct(keys).as_py() == n:
-        return b
+    if n < 2 or pc.count_distinct(keys, mode="all").as_py() == n:
+        return b, segments
+    counts = np.array([seg[3] for seg in segments], np.int64)
+    seg_of = np.repeat(np.arange(len(segments)), counts)
     last = (
-        pa.table({"k": keys, "i": pa.array(np.arange(n))})
-        .group_by("k", use_threads=False)
+        pa.table({"s": seg_of, "k": keys, "i": np.arange(n)})
+        .group_by(["s", "k"], use_threads=False)
         .aggregate([("i", "max")])
         .column("i_max")
         .to_numpy()
     )
-    return b.take(pa.array(np.sort(last)))
+    keep = np.sort(last)
+    kept = np.bincount(seg_of[keep], minlength=len(segments))
+    out = [(*seg[:3], int(k), *seg[4:]) for seg, k in zip(segments, kept, strict=True) if k]
+    return b.take(pa.array(keep)), out

@@ -58,6 +58,7 @@ log = logging.getLogger("dcp.spark")
 #: How long a finished task waits for the STREAM_ENDs of the streams it closed.
 DRAIN_SECONDS = 2.0
 _HISTORY = int(SnapshotMarkerFlag.HISTORY)
+_FRAMES = ev.ItemFrames
 
 
 class _Reader(StreamFrames):
@@ -276,8 +277,19 @@ class _Reader(StreamFrames):
         except RemoteProtocolError as exc:
             raise RangeUnavailableError(f"the server broke the protocol: {exc}") from exc
         handlers = self._handlers
-        for e in events:
-            handlers[type(e)](e)
+        runs = [e for e in events if type(e) is _FRAMES]
+        if runs:  # every run of the chunk decoded at once (columns.from_runs)
+            from .columns import from_runs
+
+            batches = iter(from_runs(runs))
+            for e in events:
+                if type(e) is _FRAMES:
+                    self._items(e, next(batches))
+                else:
+                    handlers[type(e)](e)
+        else:
+            for e in events:
+                handlers[type(e)](e)
         for st in self.streams:  # memory bound: account what was buffered, now and then
             if st.state == "open":
                 st.count_pending()

@@ -25,7 +25,7 @@ import logging
 from dcp.protocol.opcodes import SnapshotMarkerFlag
 
 from .batch_plan import VbRange
-from .changes import Chunk, Rows, newest_per_key
+from .changes import Chunk, Rows
 from .errors import MergedSnapshotError
 
 __all__ = ["BUFFER_BYTES", "RangeRead"]
@@ -126,9 +126,7 @@ class RangeRead:
 
     def hand_out(self, snap_end: int) -> None:
         rng = self.rng
-        self.out.add(
-            rng.vbucket, self.first, snap_end, newest_per_key(self.acc), self.branch, rng.gen
-        )
+        self.out.add(rng.vbucket, self.first, snap_end, self.acc, self.branch, rng.gen)
         self.acc = Rows()
         self.nbytes = 0
         self.first = snap_end + 1

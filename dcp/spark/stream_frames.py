@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from dcp.protocol import SEQNO_MAX, Status, StreamEndStatus
 from dcp.protocol import events as ev
@@ -169,12 +170,12 @@ class StreamFrames:
 
     # ------------------------------------------------------------------ data events
 
-    def _items(self, e: ev.Items | ev.ItemFrames) -> None:
-        """A run of items, as one record batch (``columns.py``: vectorized from the frames
-        of an ``ItemFrames`` run; row tuples only for an ``Items`` event), added to the
-        range in slices that end at the rows needing a decision (at or past ``stop``);
-        rows after a decision that closed the stream are dropped. (The buffered bytes are
-        counted per chunk, in ``_feed``.)"""
+    def _items(self, e: ev.Items | ev.ItemFrames, batch: Any = None) -> None:
+        """A run of items as one record batch (``batch``: the run decoded by
+        ``columns.from_runs`` with the rest of its chunk; else from the run's row tuples),
+        added to the range in slices that end at the rows needing a decision (at or past
+        ``stop``); rows after a decision that closed the stream are dropped. (The buffered
+        bytes are counted per chunk, in ``_feed``.)"""
         st = self.by_opaque.get(e.opaque)
         if st is None or st.state != "open":
             return
@@ -182,7 +183,8 @@ class StreamFrames:
 
         from .columns import from_frames, from_rows
 
-        batch = from_frames(e.buf, e.starts) if type(e) is ev.ItemFrames else from_rows(e.items)
+        if batch is None:
+            batch = from_frames(e.buf, e.starts) if type(e) is ev.ItemFrames else from_rows(e.items)
         seqnos = batch.column(0).to_numpy()
         n = len(seqnos)
         i = 0

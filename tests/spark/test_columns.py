@@ -28,7 +28,6 @@ from dcp.spark.changes import (
     OP_MUTATION,
     Chunk,
     Rows,
-    newest_per_key,
 )
 from dcp.spark.columns import from_frames, from_rows
 
@@ -97,15 +96,30 @@ def _rows(*specs: tuple[int, bytes, bytes]) -> Rows:
     return rows
 
 
-def test_newest_per_key_keeps_the_last_version_of_each_key_in_seqno_order() -> None:
-    rows = _rows(
-        (1, b"a", b"1"), (2, b"b", b"2"), (3, b"a", b"3"), (4, b"c", b"4"), (5, b"b", b"5")
+def test_change_sets_keep_the_last_version_of_each_key_per_segment_in_order() -> None:
+    """The rule applies per change set: a key repeated inside one keeps its newest row,
+    the same key in two change sets (two ranges of one vbucket) keeps one row in each."""
+    chunk = Chunk()
+    chunk.add(
+        1,
+        1,
+        5,
+        _rows((1, b"a", b"1"), (2, b"b", b"2"), (3, b"a", b"3"), (4, b"c", b"4"), (5, b"b", b"5")),
     )
-    got = newest_per_key(rows)
-    assert got.column(0).to_pylist() == [3, 4, 5]
-    assert got.column(3).to_pylist() == [b"3", b"4", b"5"]
-    unique = _rows((1, b"a", b"1"), (2, b"b", b"2"))
-    assert newest_per_key(unique).column(0).to_pylist() == [1, 2]
+    chunk.add(1, 6, 7, _rows((6, b"a", b"6"), (7, b"a", b"7")))
+    chunk.add_rollback(2, 0)
+    chunk.add_rollback(3, 0)
+    assert chunk.seqno == [3, 4, 5, 7, 0, 0]
+    assert chunk.value == [b"3", b"4", b"5", b"7", None, None]
+    assert [seg[:4] for seg in chunk.segments] == [
+        (1, 1, 5, 3),
+        (1, 6, 7, 1),
+        (2, 0, 0, 1),
+        (3, 0, 0, 1),
+    ]
+    unique = Chunk()
+    unique.add(9, 1, 2, _rows((1, b"a", b"1"), (2, b"b", b"2")))
+    assert unique.seqno == [1, 2] and unique.segments == [(9, 1, 2, 2, 0, 0)]
 
 
 def test_rows_split_drop_and_last_seqno() -> None:
@@ -125,18 +139,16 @@ def test_record_batch_carries_segments_rollbacks_positions_and_raw_bits() -> Non
     characters, a rollback row with nulls and its generation in ``position``."""
     chunk = Chunk()
     big = 2**63 + 5
-    chunk.add(
-        4,
-        1,
-        2,
+    rows = Rows()
+    rows.add(
         from_rows(
             [
                 (1, OP_MUTATION, b"k1", b"v", big, 1, 7, 0, 1),
                 (2, OP_DELETION, b"\xffk", None, 1_700_000_000_123_456_789, 2, None, None, 0),
             ]
-        ),
-        uuid=2**64 - 1,
+        )
     )
+    chunk.add(4, 1, 2, rows, uuid=2**64 - 1)
     chunk.add_rollback(4, 1, uuid=77, gen=2)
     rb = to_record_batch(chunk)
     rows = rb.to_pylist()
