@@ -201,6 +201,40 @@ class Chunk:
         self.add(vb, seqno, seqno, rows, uuid, gen)
 
 
+def _all_distinct(keys: Any) -> bool:
+    """True only if no key occurs twice (a false "maybe not" just takes the exact path).
+    Each key is summed up as its length and its first and last 8 bytes, mixed into one
+    64-bit number: equal keys give equal numbers, so distinct numbers prove distinct keys.
+    Vectorized over the array's buffers (hashing the keys in Arrow costs ~5x more)."""
+    import numpy as np
+
+    n = len(keys)
+    if keys.null_count:
+        return False
+    offsets = np.frombuffer(keys.buffers()[1], np.int32, n + 1, keys.offset * 4)
+    data = np.frombuffer(keys.buffers()[2], np.uint8)
+    data = np.concatenate([np.zeros(8, np.uint8), data, np.zeros(8, np.uint8)])
+    win = np.lib.stride_tricks.sliding_window_view(data, 8)
+    start, end = offsets[:-1].astype(np.int64), offsets[1:].astype(np.int64)
+    first = np.ascontiguousarray(win[start + 8]).view(np.uint64)[:, 0]
+    last = np.ascontiguousarray(win[end]).view(np.uint64)[:, 0]
+    length = (end - start).astype(np.uint64)
+    # bytes past a short key are the next key's: mask them so equal keys mix equally
+    short = length < 8
+    if short.any():
+        keep = np.where(
+            short, (np.uint64(1) << (length * np.uint64(8))) - np.uint64(1), ~np.uint64(0)
+        )
+        first = first & keep
+        last = np.where(short, 0, last)
+    with np.errstate(over="ignore"):
+        mixed = (
+            first * np.uint64(0x9E3779B97F4A7C15) ^ last * np.uint64(0xC2B2AE3D27D4EB4F) ^ length
+        )
+    mixed.sort()
+    return not (mixed[1:] == mixed[:-1]).any()
+
+
 def newest_per_key(batches: list[Any], segments: list[tuple]) -> tuple[Any, list[tuple]]:
     """The change-set rule over every segment at once: keep, for every key of a segment,
     only its last (newest) row; rows stay in order. Returns the rows as one record batch
@@ -209,7 +243,6 @@ def newest_per_key(batches: list[Any], segments: list[tuple]) -> tuple[Any, list
     group-by on (segment, key)."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from .columns import ROW_SCHEMA
 
@@ -218,7 +251,7 @@ def newest_per_key(batches: list[Any], segments: list[tuple]) -> tuple[Any, list
     b = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
     n = b.num_rows
     keys = b.column(2)
-    if n < 2 or pc.count_distinct(keys, mode="all").as_py() == n:
+    if n < 2 or _all_distinct(keys):
         return b, segments
     counts = np.array([seg[3] for seg in segments], np.int64)
     seg_of = np.repeat(np.arange(len(segments)), counts)

@@ -163,3 +163,23 @@ def test_record_batch_carries_segments_rollbacks_positions_and_raw_bits() -> Non
     assert rb_row["key"] is None and rb_row["cas"] is None and rb_row["timestamp"] is None
     assert rb_row["position"] == (2 << POSITION_SHIFT) + 1 and rb_row["vb_uuid"] == 77
     assert [r["position"] for r in rows[:2]] == [1, 2]
+
+
+def test_distinct_check_never_calls_repeated_keys_distinct() -> None:
+    """The quick check may only say "distinct" when no key repeats: short keys followed by
+    other bytes, keys equal in their first and last 8 bytes, empty keys, slices."""
+    import pyarrow as pa
+
+    from dcp.spark.changes import _all_distinct
+
+    assert _all_distinct(pa.array([b"a", b"ab", b"abc", b"", b"b"]))
+    assert not _all_distinct(pa.array([b"a", b"ab", b"a"]))
+    assert not _all_distinct(pa.array([b"", b"x", b""]))
+    long_a, long_b = b"12345678-middle-A-87654321", b"12345678-middle-B-87654321"
+    rows = _rows((1, long_a, b"1"), (2, long_b, b"2"), (3, long_a, b"3"))
+    chunk = Chunk()
+    chunk.add(5, 1, 3, rows)
+    assert chunk.key == [long_b, long_a] and chunk.seqno == [2, 3]
+    sliced = pa.array([b"k1", b"k2", b"k3", b"k2"]).slice(1)
+    assert not _all_distinct(sliced)
+    assert _all_distinct(sliced.slice(1))
