@@ -118,7 +118,7 @@ def print_table(args: Any, out: dict[str, Any]) -> None:
         f"median of {args.reps} alternating runs each, after one untimed warm-up of each; "
         "[min-max] rows/s"
     )
-    print(f"{'measure':<35}{'ours rows/s':>28}{'parquet rows/s':>28}{'ratio':>7}{'goal':>7}  met")
+    print(f"{'measure':<35}{'ours rows/s':>30}{'parquet rows/s':>32}{'ratio':>7}{'goal':>7}  met")
     for key, name, _which, _secs, goal in MEASURES:
         m = out[key]
         ratio = m["ratio"]
@@ -129,7 +129,7 @@ def print_table(args: Any, out: dict[str, Any]) -> None:
             for s in ("ours", "parquet")
             for lo, hi in [m[f"{s}_rows_per_s_min_max"]]
         ]
-        print(f"{name:<35}{cols[0]:>28}{cols[1]:>28}{ratio:>6.2f}x{g:>7}  {met}")
+        print(f"{name:<35}{cols[0]:>30}{cols[1]:>32}{ratio:>6.2f}x{g:>7}  {met}")
     print(f"CPU-s per 1M rows (median of {args.reps}): " + ", ".join(CPU_HELP))
     print(f"{'measure':<35}{'side':<9}" + "".join(f"{c:>9}" for c in (*CLASSES, "total")))
     for key, name in CPU_MEASURES:
