@@ -16,6 +16,12 @@ Rules of this module:
   DCP_GET_FAILOVER_LOG only for vbuckets whose high seqno moved since their log was
   fetched (all of them after every (re)connect: a server restart is when failover logs
   change under us).
+- Between two refreshes an idle poll asks the same question again: ``latest`` keeps its
+  last answer with what it was decided from (the start, the limits, a counter of the
+  planner's state: bumped by every refresh and every batch recorded) and returns it
+  while all are unchanged, instead of planning 1024 vbuckets again at every poll (that
+  kept the streaming source runner ~40 % busy on an idle query). Answers that depend on
+  the clock (``minRowsPerBatch`` waiting) or carry a rollback are never reused.
 - Every high seqno the server returns is a snapshot boundary (it closes each open
   checkpoint when it answers); they are remembered per vbucket so a row limit can cut
   between them. Decisions are ``batch_plan.py``'s; this module only gathers their inputs.
@@ -96,6 +102,9 @@ class Planner:
         self._prev: dict[int, tuple[VbPosition, int]] = {}  # vb -> (batch end, its start)
         self._waiting_since: float | None = None  # minRowsPerBatch: first short poll
         self.refreshes = 0  #: server round trips made (for tests and metrics)
+        self.plans = 0  #: batch ends computed by ``latest`` (not reused; tests)
+        self._state = 0  # bumped when what ``latest`` decides from changes
+        self._last: tuple[tuple, Offsets, Offsets] | None = None  # key, start, end
 
     # ------------------------------------------------------------------ server view
 
@@ -140,6 +149,7 @@ class Planner:
                     del b[: len(b) - _MAX_BOUNDARIES]
         self._highs = highs
         self.refreshes += 1
+        self._state += 1
 
     def refresh(self, *, force: bool = False) -> tuple[dict[int, int], dict[int, FailoverLog]]:
         """High seqnos and failover logs of the query's vbuckets (cached unless ``force``).
@@ -332,6 +342,11 @@ class Planner:
         fewer than ``min_rows`` are new and the first such poll is under ``max_delay``
         seconds old."""
         highs, logs = self.refresh()
+        last, self._last = self._last, None  # kept again below when still valid
+        if last is not None and last[0] == self._key(limit, min_rows, max_delay, target):
+            if last[1] == start:  # an idle poll: nothing the answer depends on changed
+                self._last = last
+                return dict(last[2])
         vbs = self.vbuckets()
         if len(start) != len(vbs) or sorted(start) != vbs:
             raise OffsetError(
@@ -344,6 +359,7 @@ class Planner:
             b = self._boundaries.get(vb)
             if b and b[0] <= pos.seqno:
                 del b[: bisect.bisect_right(b, pos.seqno)]
+                self._state += 1
         floor = {vb: seq for vb, (e, seq) in self._prev.items() if start.get(vb) == e}
         end = plan_end(
             start,
@@ -371,16 +387,29 @@ class Planner:
                     return start
         self._waiting_since = None
         self.remember(start, end)
+        self.plans += 1
+        reusable = not (min_rows and target is None)  # waiting for rows depends on the clock
+        if reusable and not any(p.rollback is not None for p in end.values()):
+            key = self._key(limit, min_rows, max_delay, target)  # after remember()
+            self._last = (key, dict(start), dict(end))  # copies: the caller's may change
         return end
+
+    def _key(
+        self, limit: int | None, min_rows: int, max_delay: float, target: Mapping[int, int] | None
+    ) -> tuple:
+        """What a kept ``latest`` answer was decided from, besides its start."""
+        return (self._state, limit, min_rows, max_delay, None if target is None else dict(target))
 
     def remember(self, start: Offsets, end: Offsets) -> None:
         """Record batch ``(start, end]`` (planned here or replayed from Spark's log): if
         its end turns out to be off the server's history, a rewind goes back at least to
         its start (see ``batch_plan.plan_end``'s ``floor``)."""
+        prev = self._prev
         for vb, e in end.items():
             s = start.get(vb)
-            if s is not None and s != e:
-                self._prev[vb] = (e, s.seqno)
+            if s is not None and s != e and prev.get(vb) != (e, s.seqno):
+                prev[vb] = (e, s.seqno)
+                self._state += 1  # a rewind's floor changed: answers kept are void
 
 
 def _named_vbuckets(text: str) -> set[int]:
