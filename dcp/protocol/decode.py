@@ -1,9 +1,12 @@
 """The receive hot path of ``ClientSession``: one pass over a buffer of received frames.
 
 Rules of this module:
-- ``decode`` is the only function here and is called by ``ClientSession.receive_data``
-  alone; it reads the session's stream table and item classes and never keeps state
-  of its own (the unparsed tail and the byte counts go back to the session).
+- ``decode`` is called by ``ClientSession.receive_data`` alone (``decode_frames.py``'s
+  loop in its place for a session with ``item_frames``); it reads the session's stream
+  table and item classes and never keeps state of its own (the unparsed tail and the
+  byte counts go back to the session). ``other_frame``, the handling of every frame
+  that is no item of an open snapshot, is shared by both loops: a frame not on the
+  item path costs one call more, an item none.
 - Every header is validated with the rules of ``frames.FrameReader`` (known magic,
   body <= ``max_body_size``, framing extras + extras + key <= body) before its body is
   awaited or used; a frame that fails raises ``RemoteProtocolError``. A property test
@@ -15,8 +18,8 @@ Rules of this module:
   kind of frame, another stream, the chunk's end or the snapshot's end interrupts it.
   An item carries the vbucket of its own header (the run, its stream's), so a consumer
   can refuse an item a broken producer sent for another vbucket on a stream's opaque.
-  V1 snapshot markers of streaming streams are decoded here too; every other frame is
-  built as a ``Frame`` and handed to ``ClientSession.on_frame``.
+  V1 snapshot markers of streaming streams are decoded here too (``other_frame``);
+  every other frame is built as a ``Frame`` and handed to ``ClientSession.on_frame``.
 - Byte counts (see ``session.py`` for what they mean to flow control): ``uncounted``
   are responses, server requests and DCP_NOOPs; ``held`` are the snapshot bytes added
   to streams' ``held`` during this pass.
@@ -48,7 +51,7 @@ from .session_stream import STREAMING
 if TYPE_CHECKING:  # the session calls this module
     from .session import ClientSession
 
-__all__ = ["decode"]
+__all__ = ["decode", "other_frame"]
 
 _HDR = HEADER.unpack_from
 _HDR_MUT = HDR_MUTATION.unpack_from
@@ -79,7 +82,6 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
     max_body = session.max_body_size
     hold = not session.queue_per_chunk
     mk_mut = session.mutation
-    on_frame = session.on_frame
     hdr_mut = _HDR_MUT
     append = out.append
     cur: Any = None  # the stream of the run being decoded, and the run itself
@@ -193,30 +195,9 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
                 held += run
             run = 0
         cur_opq = -1
-        if magic == 0x80 and op == 0x56 and el == 20 and body == 20:
-            st = streams.get(opq)
-            if st is not None and st.state == STREAMING:  # a V1 marker, no Frame
-                if st.open:
-                    append(session.complete_snapshot(st))
-                ms, me, mf = _HDR_MARKER(buf, pos)[9:12]
-                st.end = me if me < st.end_seqno else st.end_seqno
-                st.open = True
-                if hold:
-                    st.held += _MARKER_SIZE
-                    held += _MARKER_SIZE
-                append(Marker(opq, st.vbucket, ms, st.end, mf, None))
-                pos = end
-                continue
-        size = end - pos
         if magic in RESPONSE_MAGIC or magic == 0x82 or op == _NOOP:
-            uncounted += size
-        a = pos + 24
-        b = a + fel
-        c = b + el
-        d = c + kl
-        held += on_frame(
-            Frame(magic, op, dt, vb, opq, cas, buf[a:b], buf[b:c], buf[c:d], buf[d:end]), size, out
-        )
+            uncounted += end - pos
+        held += other_frame(session, buf, pos, end, magic, op, kl, el, fel, dt, vb, opq, cas, out)
         pos = end
     if run:
         append(Items(cur_opq, cur_vb, cur_items, run))
@@ -224,3 +205,47 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
             cur.held += run
             held += run
     return pos, need, held, uncounted
+
+
+def other_frame(
+    session: ClientSession,
+    buf: bytes,
+    pos: int,
+    end: int,
+    magic: int,
+    op: int,
+    kl: int,
+    el: int,
+    fel: int,
+    dt: int,
+    vb: int,
+    opq: int,
+    cas: int,
+    out: list[Any],
+) -> int:
+    """A validated frame at ``buf[pos:end]`` that is no item of an open snapshot: a V1
+    marker of a streaming stream is decoded here, anything else is built as a ``Frame``
+    for ``ClientSession.on_frame``. Returns the bytes it made flow control hold.
+
+    Shared by both decoders (this module's and ``decode_frames.py``'s); their loops
+    flush the run being decoded first. A call per such frame, not per item.
+    """
+    if magic == 0x80 and op == 0x56 and el == 20 and end - pos == _MARKER_SIZE:
+        st = session.streams.get(opq)
+        if st is not None and st.state == STREAMING:  # a V1 marker, no Frame
+            if st.open:
+                out.append(session.complete_snapshot(st))
+            ms, me, mf = _HDR_MARKER(buf, pos)[9:12]
+            st.end = me if me < st.end_seqno else st.end_seqno
+            st.open = True
+            out.append(Marker(opq, st.vbucket, ms, st.end, mf, None))
+            if session.queue_per_chunk:
+                return 0
+            st.held += _MARKER_SIZE
+            return _MARKER_SIZE
+    a = pos + 24
+    b = a + fel
+    c = b + el
+    d = c + kl
+    frame = Frame(magic, op, dt, vb, opq, cas, buf[a:b], buf[b:c], buf[c:d], buf[d:end])
+    return session.on_frame(frame, end - pos, out)

@@ -2,10 +2,15 @@
 
 Rules of this module:
 - Plain slotted classes, built positionally by the session's decoder (the hot path):
-  no validation, no frozen dataclasses, no behaviour. Treat them as read-only.
+  no validation, no frozen dataclasses, no behaviour (but ``ItemFrames.items``, which
+  builds the items a run stands for, with ``decode_frames.frame_items``). Treat them
+  as read-only.
 - Change items (``Mutation``, ``Deletion``, ``Expiration``) are what applications get
   (``dcp.consumer`` re-exports them); they never travel alone: a run of items of one
-  stream arrives as one ``Items`` event, so the per-item cost is the item itself.
+  stream arrives as one ``Items`` event, so the per-item cost is the item itself; a
+  session asked for ``item_frames`` reports such a run as one ``ItemFrames`` instead:
+  the offsets of its frames in the receive buffer, for a consumer that decodes them
+  itself (vectorized), so the per-item cost is one int.
 - Events name their stream by the opaque of its stream request and carry its vbucket.
   Events of the client side (``dcp.protocol.session.ClientSession``) are defined here,
   and the two events of the server side (``server_session.ServerSession``) that are not
@@ -21,6 +26,7 @@ __all__ = [
     "Answer",
     "Deletion",
     "Expiration",
+    "ItemFrames",
     "Items",
     "Marker",
     "Mutation",
@@ -174,6 +180,44 @@ class Items(_Event):
         self.vbucket = vbucket
         self.items = items
         self.nbytes = nbytes
+
+
+class ItemFrames(_Event):
+    """A run of change items of one stream's open snapshot, left in the receive buffer:
+    ``starts`` are the offsets in ``buf`` of its frames (seqno order). Every frame is a
+    validated magic-0x80 DCP_MUTATION (31 bytes of extras), DCP_DELETION (18 or 21) or
+    DCP_EXPIRATION (20), with the stream's opaque and no framing extras; ``last`` is the
+    seqno of the last one; ``nbytes`` their wire bytes.
+
+    ``buf`` is an immutable ``bytes`` the event owns (often the whole buffer of one
+    ``receive_data`` call, shared by the call's runs): a consumer reads each frame's
+    header and extras at its offset with the layouts of ``layout.py`` (``HDR_MUTATION``
+    ...), and keeps the event no longer than it needs the bytes."""
+
+    __slots__ = ("buf", "last", "nbytes", "opaque", "starts", "vbucket")
+
+    def __init__(
+        self, opaque: int, vbucket: int, buf: bytes, starts: list[int], last: int, nbytes: int
+    ) -> None:
+        self.opaque = opaque
+        self.vbucket = vbucket
+        self.buf = buf
+        self.starts = starts
+        self.last = last
+        self.nbytes = nbytes
+
+    def __repr__(self) -> str:  # not the buffer: it may be a whole MiB
+        return (
+            f"ItemFrames(opaque={self.opaque}, vbucket={self.vbucket}, frames={len(self.starts)}"
+            f", first={self.starts[:1]}, last={self.last}, nbytes={self.nbytes})"
+        )
+
+    def items(self, mutation: Any, deletion: Any, expiration: Any) -> list:
+        """The items built with the session's item callables (same arguments, same order
+        as decode.py passes them): for a consumer without a vectorized decoder, and tests."""
+        from .decode_frames import frame_items  # it imports this module (the decoder's)
+
+        return frame_items(self.buf, self.starts, mutation, deletion, expiration)
 
 
 class Marker(_Event):

@@ -30,6 +30,7 @@ __all__ = [
     "DELETION_V2_EXTRAS",
     "EXPIRATION_EXTRAS",
     "FAILOVER_ENTRY",
+    "HDR_BY_SEQNO",
     "HDR_DELETION_V1",
     "HDR_DELETION_V2",
     "HDR_EXPIRATION",
@@ -111,6 +112,9 @@ HDR_DELETION_V1 = joined(HEADER, DELETION_V1_EXTRAS)
 HDR_DELETION_V2 = joined(HEADER, DELETION_V2_EXTRAS)
 HDR_EXPIRATION = joined(HEADER, EXPIRATION_EXTRAS)
 HDR_MARKER_V1 = joined(HEADER, MARKER_V1)
+#: Header + the by_seqno that opens the extras of every DCP item (mutation, deletion,
+#: expiration): all that the item_frames decoder reads of a frame (decode_frames.py).
+HDR_BY_SEQNO = joined(HEADER, U64)
 #: A SET/ADD/REPLACE request header + its flags/expiry extras.
 HDR_STORE = joined(HEADER, STORE_EXTRAS)
 #: A write response header + its MutationSeqno extras (vb_uuid, seqno).

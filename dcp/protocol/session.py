@@ -15,8 +15,11 @@ Rules of this module:
 - A run of change items of one stream's open snapshot inside one ``receive_data`` call
   comes out as ONE ``Items`` event, decoded in one loop with locals bound (one
   ``unpack_from`` of header + extras per mutation); anything rarer is built as a
-  ``Frame`` and handled in ``_frame``. The item classes are parameters, so a client
-  that wants its own item objects pays nothing for a conversion.
+  ``Frame`` and handled in ``on_frame``. The item classes are parameters, so a client
+  that wants its own item objects pays nothing for a conversion. With ``item_frames``
+  such a run comes out as ONE ``ItemFrames`` (its frames' offsets in the received
+  bytes, decoded by ``decode_frames.py``) for a client that decodes runs itself; the
+  rare items that reach ``on_frame`` still come as ``Items``.
 - Snapshots: a marker opens one (its end clamped to the stream's end seqno); an item at
   or past the end, the next marker, SEQNO_ADVANCED reaching the end, or STREAM_END(OK)
   completes it (``SnapshotDone``); another STREAM_END reason discards it. An item of a
@@ -43,6 +46,7 @@ from typing import Any
 
 from . import codec
 from .decode import decode
+from .decode_frames import decode_frames
 from .errors import RemoteProtocolError
 from .events import (
     Answer,
@@ -85,6 +89,7 @@ class ClientSession:
         mutation: Any = Mutation,
         deletion: Any = Deletion,
         expiration: Any = Expiration,
+        item_frames: bool = False,
     ) -> None:
         self.flow = FlowControl(window, ack_ratio)
         self.flow.release = self._release_held
@@ -99,6 +104,9 @@ class ClientSession:
         self.mutation = mutation
         self.deletion = deletion
         self.expiration = expiration
+        #: runs of items as ``ItemFrames`` (module rules); chosen once, not per frame
+        self.item_frames = item_frames
+        self._decode = decode_frames if item_frames else decode
         self._answers: dict[int, int] = {}
         self._opaque = 0
         self._out = bytearray()
@@ -268,7 +276,7 @@ class ClientSession:
         buf = pending[0] if len(pending) == 1 else b"".join(pending)
         out: list = []
         try:
-            pos, self._need, snap, uncounted = decode(self, buf, out)
+            pos, self._need, snap, uncounted = self._decode(self, buf, out)
         except RemoteProtocolError as exc:
             self._broken = str(exc)
             self._pending, self._pending_len = [], 0

@@ -10,14 +10,16 @@ random points, and to ``FrameReader``'s verdict on hostile bytes.
 from __future__ import annotations
 
 import itertools
+import struct
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from dcp.protocol import codec
 from dcp.protocol.errors import RemoteProtocolError
-from dcp.protocol.events import Deletion, Expiration, Items, Marker, Mutation
-from dcp.protocol.frames import FrameReader
+from dcp.protocol.events import Answer, Deletion, Expiration, ItemFrames, Items, Marker, Mutation
+from dcp.protocol.frames import Frame, FrameReader
+from dcp.protocol.layout import HEADER
 from dcp.protocol.opcodes import SEQNO_MAX, Opcode
 from dcp.protocol.session import ClientSession
 from tools.strategies import KINDS
@@ -36,9 +38,9 @@ def _cuts(data: bytes, points: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(edges)]
 
 
-def _opened(end_seqno: int = SEQNO_MAX, **kw) -> tuple[ClientSession, int]:
-    s = ClientSession(**kw)
-    o, _ = s.stream_request(VB, end=end_seqno)
+def _opened(end_seqno: int = SEQNO_MAX, vb: int = VB, s=None, **kw) -> tuple[ClientSession, int]:
+    s = s or ClientSession(**kw)
+    o, _ = s.stream_request(vb, end=end_seqno)
     assert s.receive_data(codec.response(Opcode.DCP_STREAM_REQ, opaque=o)) != []
     return s, o
 
@@ -245,3 +247,144 @@ def test_hostile_bytes_on_an_open_stream_give_events_or_a_remote_protocol_error(
             session.data_to_send()
     except RemoteProtocolError:
         pass
+
+
+# --------------------------------------------------------------------------- item_frames mode
+
+
+def _comparable(e: object) -> object:
+    """An event as something ``==`` compares by value; an ``ItemFrames`` as the ``Items``
+    its frames stand for (checking what only it carries: offsets, last, nbytes)."""
+    if type(e) is ItemFrames:
+        items = e.items(Mutation, Deletion, Expiration)
+        assert isinstance(e.buf, bytes) and items and e.last == items[-1].seqno
+        ends = [p + 24 + HEADER.unpack_from(e.buf, p)[6] for p in e.starts]
+        assert all(a < b for a, b in itertools.pairwise(e.starts))
+        assert e.nbytes == sum(b - a for a, b in zip(e.starts, ends, strict=True))
+        e = Items(e.opaque, e.vbucket, items, e.nbytes)
+    if type(e) is Items:
+        return ("items", e.opaque, e.vbucket, [_plain(i) for i in e.items], e.nbytes)
+    if type(e) is Answer and type(e.result) is Frame:
+        return ("answer", e.opaque, e.result.encode())
+    return e
+
+
+def _calls(session: ClientSession, chunks: list[bytes]) -> list:
+    """What each ``receive_data`` call gives: its events, counts, replies, flow state."""
+    got: list = []
+    for chunk in chunks:
+        try:
+            events = session.receive_data(chunk)
+        except RemoteProtocolError as exc:
+            got.append(("error", str(exc)))
+            break
+        fc = session.flow
+        got.append(
+            (
+                [_comparable(e) for e in events],
+                session.counted,
+                session.data_to_send(),
+                (fc.held, fc.queued, fc.ackable),
+                sorted((st.opaque, st.open, st.end, st.held) for st in session.streams.values()),
+            )
+        )
+    return got
+
+
+def _two_modes(chunks: list[bytes], setup, **kw) -> tuple[list, list]:
+    """``_calls`` of an Items session and of an item_frames one, both set up by ``setup``."""
+    items = ClientSession(**kw)
+    frames = ClientSession(item_frames=True, **kw)
+    setup(items)
+    setup(frames)
+    return _calls(items, chunks), _calls(frames, chunks)
+
+
+@FUZZ
+@given(
+    a=streams(),
+    b=streams(),
+    order=st.lists(st.booleans(), max_size=130),
+    points=st.lists(st.integers(0, 5000), max_size=15),
+    end_seqno=st.sampled_from([SEQNO_MAX, 3, 9, 25]),
+    queue_per_chunk=st.booleans(),
+)
+def test_item_frames_mode_gives_the_items_mode_events_on_any_split(
+    a, b, order, points, end_seqno, queue_per_chunk
+):
+    # two streams (the second on another vbucket than its frames' headers say), their
+    # frames interleaved: runs end at stream switches as well as at other frames
+    setup = lambda s: (_opened(end_seqno, s=s), _opened(end_seqno, vb=VB + 1, s=s))  # noqa: E731
+    frames, rest = [], [list(a), list(b)]
+    for which in order:
+        if rest[which]:
+            frames.append(rest[which].pop(0)(1 + which))
+    frames += [f(1) for f in rest[0]] + [f(2) for f in rest[1]]
+    data = b"".join(frames)
+    items, item_frames = _two_modes(
+        _cuts(data, points), setup, window=300, ack_ratio=0.3, queue_per_chunk=queue_per_chunk
+    )
+    event(f"{sum(1 for c in items for e in c[0] if type(e) is tuple)} runs" if items else "none")
+    assert item_frames == items
+
+
+#: Runs of valid items of the open stream (opaque 1), each followed by a hostile frame on
+#: its opaque: a valid item with one header field overwritten, or a header of an item
+#: opcode (or the marker's, or a noop's) with random lengths and bytes. A hostile frame
+#: inside a run meets the checks of both decoders' shortest paths, not just the framing's.
+_valid_item = st.integers(1, 60).flatmap(_item).map(lambda build: build(1))
+_FIELDS = {  # offset in the header, struct format, values
+    "magic": (0, ">B", st.sampled_from([0x08, 0x81, 0x82, 0x18])),
+    "opcode": (1, ">B", st.sampled_from([0x56, 0x57, 0x58, 0x59, int(Opcode.DCP_NOOP)])),
+    "key length": (2, ">H", st.integers(0, 100)),
+    "extras length": (4, ">B", st.sampled_from([0, 8, 18, 19, 20, 21, 30, 31, 32])),
+    "body length": (8, ">I", st.integers(0, 130)),
+}
+
+
+def _overwritten(frame: bytes, field: str, value: int) -> bytes:
+    at, fmt, _ = _FIELDS[field]
+    raw = struct.pack(fmt, value)
+    return frame[:at] + raw + frame[at + len(raw) :]
+
+
+_hostile_item = st.one_of(
+    st.sampled_from(sorted(_FIELDS)).flatmap(
+        lambda field: st.builds(_overwritten, _valid_item, st.just(field), _FIELDS[field][2])
+    ),
+    st.builds(
+        lambda magic, opcode, kl, el, body, rest: (
+            HEADER.pack(magic, opcode, kl, el, 0, VB, body, 1, 0) + rest
+        ),
+        st.sampled_from([0x80, 0x80, 0x80, 0x08, 0x81]),
+        st.sampled_from([0x56, 0x57, 0x57, 0x58, 0x59, int(Opcode.DCP_NOOP)]),
+        st.integers(0, 12),
+        st.sampled_from([18, 20, 21, 31, 0, 30]),
+        st.integers(0, 80),
+        st.binary(min_size=0, max_size=80),
+    ),
+)
+hostile_items = st.lists(
+    st.tuples(st.lists(_valid_item, max_size=3), _hostile_item).map(
+        lambda run: b"".join(run[0]) + run[1]
+    ),
+    max_size=4,
+).map(b"".join)
+
+
+@FUZZ
+@given(
+    data=st.one_of(st.binary(max_size=2000), plausible_streams, hostile_items),
+    points=st.lists(st.integers(0, 2000), max_size=4),
+    limit=st.sampled_from([56, 1 << 20]),
+)
+def test_item_frames_mode_gives_the_items_mode_events_and_errors_on_hostile_bytes(
+    data, points, limit
+):
+    def setup(s: ClientSession) -> None:
+        _opened(s=s)
+        s.receive_data(codec.snapshot_marker(VB, 1, 0, 1 << 40, 1))
+
+    items, item_frames = _two_modes(_cuts(data, points), setup, max_body_size=limit)
+    event("error" if items and items[-1][0] == "error" else "no error")
+    assert item_frames == items
