@@ -4,7 +4,9 @@ No trio, no sockets, no clock: bytes in, frames out; fields in, bytes out.
 ``spec`` (construct) is the executable specification; ``codec`` and ``frames`` are the
 struct-based code that runs, on the layouts of ``layout``. ``session.ClientSession`` is
 the client side of a connection (bytes in, ``events`` out) that every client shell
-drives; ``server_session.ServerSession`` is the server side (framing of requests, noops,
+drives (with ``item_frames``, runs of items come as ``events.ItemFrames``, the offsets of
+their frames in the received bytes, for a consumer that decodes runs itself);
+``server_session.ServerSession`` is the server side (framing of requests, noops,
 flow control with ``buffer_log.BufferLog``) that the producer's connection drives.
 """
 
