@@ -14,9 +14,10 @@ Rules of this module:
   is followed by the same ``SnapshotDone``), and every frame that is no item of an
   open snapshot goes through the same ``decode.other_frame``. A property test
   (tests/protocol/test_session_decoder.py) holds the two decoders to each other.
-- Per item it reads the header and the by_seqno (one ``unpack_from`` of
-  ``HDR_BY_SEQNO``, which every item's extras start with) and appends its offset: no key
-  or value is sliced, no object built. A run's ``last`` seqno is read back when the
+- Per item it reads what it checks of the header and the by_seqno every item's extras
+  start with (one ``unpack_from`` of ``HDR_ITEM_CHECK``) and appends its offset: no key
+  or value is sliced, no object built. A frame off that path (a run's first, any other
+  frame) is read again whole with ``HEADER``. A run's ``last`` seqno is read back when the
   run is closed, not kept per item.
 - ``frame_items`` turns offsets back into items (``ItemFrames.items``): the slow,
   obvious decoding, with the item callables called exactly as ``decode.py`` calls them.
@@ -31,10 +32,10 @@ from .errors import RemoteProtocolError
 from .events import ItemFrames
 from .layout import (
     ALT_MAGIC,
-    HDR_BY_SEQNO,
     HDR_DELETION_V1,
     HDR_DELETION_V2,
     HDR_EXPIRATION,
+    HDR_ITEM_CHECK,
     HDR_MUTATION,
     HEADER,
     KNOWN_MAGIC,
@@ -49,12 +50,12 @@ if TYPE_CHECKING:  # the session calls this module
 __all__ = ["decode_frames", "frame_items"]
 
 _HDR = HEADER.unpack_from
-_HDR_SEQ = HDR_BY_SEQNO.unpack_from
+_HDR_CHECK = HDR_ITEM_CHECK.unpack_from
 _SEQ = U64.unpack_from
 _NOOP = int(Opcode.DCP_NOOP)
 #: (opcode, extras length) of the item frames: mutation, deletion V1/V2, expiration
 _SHAPES = frozenset(((0x57, 31), (0x58, 18), (0x58, 21), (0x59, 20)))
-assert HDR_BY_SEQNO.size == 32  # spelled as a literal below; an item frame has >= 42
+assert HDR_ITEM_CHECK.size == 32  # spelled as a literal below; an item frame has >= 42
 
 
 def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int, int, int]:
@@ -72,7 +73,7 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
     streams = session.streams
     max_body = session.max_body_size
     hold = not session.queue_per_chunk
-    hdr_seq = _HDR_SEQ
+    hdr_check = _HDR_CHECK
     append = out.append
     cur: Any = None  # the stream of the run being decoded, and the run itself
     cur_opq = -1
@@ -81,7 +82,7 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
     cur_end = cur_vb = run = 0
     while True:
         if n - pos >= 32:
-            magic, op, kl, el, dt, vb, body, opq, cas, by = hdr_seq(buf, pos)
+            magic, op, kl, el, body, opq, by = hdr_check(buf, pos)
             end = pos + 24 + body
             if (
                 opq == cur_opq
@@ -105,9 +106,8 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
                 continue
         elif n - pos < 24:
             break
-        else:
-            magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
-            end = pos + 24 + body
+        magic, op, kl, el, dt, vb, body, opq, cas = _HDR(buf, pos)
+        end = pos + 24 + body
         if magic in ALT_MAGIC:
             fel = kl >> 8
             kl &= 0xFF

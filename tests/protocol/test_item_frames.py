@@ -21,7 +21,7 @@ from dcp.protocol.events import (
     Mutation,
     SnapshotDone,
 )
-from dcp.protocol.layout import HDR_BY_SEQNO, HDR_MUTATION, MUTATION_EXTRAS
+from dcp.protocol.layout import HDR_ITEM_CHECK, HDR_MUTATION, MUTATION_EXTRAS
 from dcp.protocol.opcodes import Opcode
 from dcp.protocol.session import ClientSession
 
@@ -58,7 +58,7 @@ def test_a_run_is_the_offsets_of_its_frames_in_the_received_bytes():
     assert run.starts == [p1, p1 + len(muts[0]), p1 + len(muts[0]) + len(muts[1])]
     assert run.last == 3 and run.nbytes == sum(map(len, muts)) == len(data) - p1
     # the consumer reads each frame at its offset with the layouts of layout.py
-    assert [HDR_BY_SEQNO.unpack_from(run.buf, p)[9] for p in run.starts] == [1, 2, 3]
+    assert [HDR_ITEM_CHECK.unpack_from(run.buf, p)[6] for p in run.starts] == [1, 2, 3]
     assert [HDR_MUTATION.unpack_from(run.buf, p)[8] for p in run.starts] == [101, 102, 103]
     items = _items(run)
     assert [(i.seqno, i.key, i.value, i.cas) for i in items] == [
