@@ -114,8 +114,8 @@ class BackfillScan:
     """
 
     __slots__ = (
+        "_cur",
         "_done",
-        "_end_key",
         "_iter",
         "_skip",
         "_storage",
@@ -133,6 +133,7 @@ class BackfillScan:
         self.vbucket = vbucket
         self.start_seqno = start_seqno
         self._txn = None
+        self._cur: lmdb.Cursor | None = None
         self._iter = None
         #: seqnos of superseded versions to leave out (None: nothing to leave out)
         self._skip: frozenset[int] | None = None
@@ -149,7 +150,6 @@ class BackfillScan:
             hist_on = storage.history_enabled and every_version
             self.may_contain_duplicates = hist_on
             self.history = hist_on and rec is not None and start_seqno + 1 >= rec.history_start
-            self._end_key = item_key(vbucket, self.end_seqno)
             self._done = start_seqno >= self.end_seqno
             if (
                 not self._done
@@ -164,7 +164,8 @@ class BackfillScan:
             if not self._done:
                 cur = txn.cursor(db=storage.item_db(vbucket))
                 if cur.set_range(item_key(vbucket, start_seqno + 1)):
-                    self._iter = cur.iternext()
+                    self._cur = cur
+                    self._iter = cur.iternext(keys=False)  # the seqno is in the record
                 else:
                     self._done = True
         except lmdb.Error as exc:
@@ -181,18 +182,20 @@ class BackfillScan:
         out: list[Item] = []
         append = out.append
         vb = self.vbucket
-        end_key = self._end_key
+        end = self.end_seqno
         skip = self._skip
+        seqno_of = _RECORD_HEAD
         try:
-            for k, v in self._iter:  # type: ignore[union-attr]
-                if k > end_key:
-                    self._done = True
-                    break
-                if skip is not None and int.from_bytes(k[2:10], "big") in skip:
-                    continue
+            for v in self._iter:  # type: ignore[union-attr]
                 if not record_intact(v):
                     self._done = True
-                    raise checksum_error(vb, int.from_bytes(k[2:10], "big"), v)
+                    raise checksum_error(vb, self._seqno_here(), v)
+                seqno = seqno_of(v)[5]
+                if seqno > end:
+                    self._done = True
+                    break
+                if skip is not None and seqno in skip:
+                    continue
                 append(decode_item(vb, v))
                 if len(out) >= max_items:
                     break
@@ -206,6 +209,11 @@ class BackfillScan:
     def read_frames(self, max_items: int, upto: int, opaque: int) -> BackfillChunk:
         """Up to ``max_items`` records with seqno <= ``upto`` as ready-to-send segments
         (module rules); the scan is done once it passed ``upto`` or the disk snapshot's end.
+
+        This is most of a disk stream's server CPU, so the loop is spare: values only
+        (the seqno is in the record head; the LMDB key is fetched only to name a damaged
+        record), and a run's frames are gathered as parts and joined once, which costs
+        less than growing a bytearray twice per record.
         """
         chunk = BackfillChunk()
         if self._done:
@@ -219,19 +227,25 @@ class BackfillScan:
         shortest, residue, overhead = _SHORTEST, CRC_RESIDUE, _BODY_OVERHEAD
         body_at, trailer = _BODY_AT, -CRC_SIZE
         req, dcp_mutation, extlen = REQUEST, MUTATION, MUTATION_EXTLEN
+        # a frame is the 24-byte header plus the record less its prefix and trailer
+        grow = HEADER.size - overhead
+        mutation = _MUTATION
         charge = MUTATION_FRAME_OVERHEAD
-        wire = bytearray()
+        parts: list[bytes] = []
+        put = parts.append
         starts = array("I")
+        at = starts.append
+        pos = 0  # bytes of the run being gathered
         others: list[Item] | None = None
         skip = self._skip
         n = 0
         nbytes = 0
         first = last = 0
         try:
-            for k, raw in self._iter:  # type: ignore[union-attr]
+            for raw in self._iter:  # type: ignore[union-attr]
                 if len(raw) < shortest or crc(raw) != residue:
                     self._done = True
-                    raise checksum_error(vb, int.from_bytes(k[2:10], "big"), raw)
+                    raise checksum_error(vb, self._seqno_here(), raw)
                 op, dt, cas, kl, _dtime, seqno = head(raw)
                 if seqno > limit:
                     self._done = True
@@ -242,19 +256,22 @@ class BackfillScan:
                         self._done = True
                         break
                     continue
-                if op == _MUTATION:
+                if op == mutation:
                     others = None
-                    starts.append(len(wire))
-                    wire += pack(
-                        req, dcp_mutation, kl, extlen, dt, vb, len(raw) - overhead, opaque, cas
-                    )
-                    wire += raw[body_at:trailer]
+                    at(pos)
+                    size = len(raw)
+                    put(pack(req, dcp_mutation, kl, extlen, dt, vb, size - overhead, opaque, cas))
+                    put(raw[body_at:trailer])
+                    pos += size + grow
                 else:
                     if starts:
-                        segs.append(WireRun(None, wire, starts, len(wire)))
-                        nbytes += len(wire)
+                        segs.append(WireRun(None, bytearray().join(parts), starts, pos))
+                        nbytes += pos
                         starts = array("I")
-                        wire = bytearray()
+                        at = starts.append
+                        parts = []
+                        put = parts.append
+                        pos = 0
                     if others is None:
                         others = []
                         segs.append(others)
@@ -277,13 +294,19 @@ class BackfillScan:
             self._done = True
             raise StorageError(f"backfill of vb {vb} failed: {exc}") from exc
         if starts:
-            segs.append(WireRun(None, wire, starts, len(wire)))
-            nbytes += len(wire)
+            segs.append(WireRun(None, bytearray().join(parts), starts, pos))
+            nbytes += pos
         chunk.count = n
         chunk.nbytes = nbytes
         chunk.first = first
         chunk.last = last
         return chunk
+
+    def _seqno_here(self) -> int:
+        """The seqno of the record the cursor is on, from its LMDB key (which LMDB's own
+        structure protects): how a damaged record is named."""
+        key = self._cur.key() if self._cur is not None else b""
+        return int.from_bytes(key[2:10], "big")
 
     @property
     def done(self) -> bool:
@@ -292,7 +315,7 @@ class BackfillScan:
     def close(self) -> None:
         """Release the read transaction (idempotent)."""
         txn, self._txn = self._txn, None
-        self._iter = None
+        self._iter = self._cur = None
         self._done = True
         if txn is not None:
             try:
