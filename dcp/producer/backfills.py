@@ -1,10 +1,15 @@
 """Backfills: disk reads for streams that start (or fall) behind what memory holds.
 
 Rules of this module:
-- ``Backfills`` owns the backfill limiters: one server-wide (disk reads at once) and one
-  per connection (scans a connection holds at once), both ``max_concurrent_backfills``
-  wide. ``start`` is the ``ActiveStream``'s ``on_backfill`` callback; it runs ``run``
-  for the stream in the nursery the server gave (its background nursery), so a
+- ``Backfills`` owns the backfill limiters: one server-wide, ``backfill_disk_readers``
+  wide (disk reads at once, held around each chunk's read only, so every connection's
+  scans take turns in FIFO order and a huge scan never starves another), and one per
+  connection, ``max_concurrent_backfills`` wide (scans a connection holds at once, so
+  one stream's items are sent while another's are read). A read from the page cache
+  is CPU-bound Python holding the GIL: more reads at once only trade the GIL and cost
+  server CPU, which is why the server-wide default is 1 (config.py).
+- ``start`` is the ``ActiveStream``'s ``on_backfill`` callback; it runs ``run`` for
+  the stream in the nursery the server gave (its background nursery), so a
   backfill never outlives the server and never blocks the connection that asked.
 - A scan reads in chunks in ``trio.to_thread.run_sync``; the stream is fed on the trio
   thread between awaits (``push_backfill_*``) and its connection is told to send
@@ -74,7 +79,7 @@ class Backfills:
         self.config = config
         self.metrics = metrics
         self._nursery = nursery
-        self._disk = trio.CapacityLimiter(config.max_concurrent_backfills)
+        self._disk = trio.CapacityLimiter(config.backfill_disk_readers)
         self._slots: dict[int, trio.CapacityLimiter] = {}
 
     def start(self, stream: ActiveStream) -> None:
@@ -100,7 +105,8 @@ class Backfills:
         scan until the writer has drained what the scan buffered, and a scan pauses at
         ``backfill_buffer_bytes`` (chunks are sized to the room left). The server-wide
         limiter is held only around each disk read, so a stalled client never holds up
-        other clients' backfills.
+        other clients' backfills, and a long scan queues again behind the others after
+        every chunk.
         """
         conn = stream.conn
         storage = self.storage
