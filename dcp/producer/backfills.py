@@ -42,6 +42,9 @@ __all__ = ["Backfills"]
 
 log = logging.getLogger("dcp.backfill")
 _BACKFILL_CHUNK = 4096
+#: seconds between two checks of a backfill waiting for its stream's writer (a stream
+#: that stops does not wake its backfill itself)
+_RECHECK = 0.05
 
 
 class _ItemsChunk:
@@ -81,6 +84,9 @@ class Backfills:
         self._nursery = nursery
         self._disk = trio.CapacityLimiter(config.backfill_disk_readers)
         self._slots: dict[int, trio.CapacityLimiter] = {}
+        #: backfills waiting for the writer (``_wait_sent``) and whether ``_recheck`` runs
+        self._waiting: set[trio.Event] = set()
+        self._rechecking = False
 
     def start(self, stream: ActiveStream) -> None:
         """Backfill ``stream`` from ``stream.backfill_from`` (its ``on_backfill``)."""
@@ -96,6 +102,35 @@ class Backfills:
 
     def connection_closed(self, conn_id: int) -> None:
         self._slots.pop(conn_id, None)
+
+    async def _wait_sent(self, stream: ActiveStream) -> None:
+        """Until the writer took some of ``stream``'s buffered bytes, or the next recheck.
+
+        One task (``_recheck``) wakes every waiter now and then, rather than a timeout
+        per wait: a cancel scope per wait was a visible part of the event loop's work per
+        backfilled vbucket.
+        """
+        sent = trio.Event()
+        stream.on_backfill_sent = sent.set
+        self._waiting.add(sent)
+        if not self._rechecking:
+            self._rechecking = True
+            self._nursery.start_soon(self._recheck)
+        try:
+            await sent.wait()
+        finally:
+            self._waiting.discard(sent)
+            stream.on_backfill_sent = None
+
+    async def _recheck(self) -> None:
+        """Wake every ``_wait_sent`` each ``_RECHECK`` seconds while there are any."""
+        try:
+            while self._waiting:
+                await trio.sleep(_RECHECK)
+                for sent in list(self._waiting):
+                    sent.set()
+        finally:
+            self._rechecking = False
 
     async def run(self, stream: ActiveStream) -> None:
         """Read ``(stream.backfill_from, P]`` from disk as one disk snapshot, in chunks.
@@ -125,13 +160,7 @@ class Backfills:
             """Until the writer has taken the stream's buffered disk bytes below ``level``
             (woken by the stream as bytes go out; re-checked now and then for stops)."""
             while stream.backfill_bytes > level and not stopped():
-                sent = trio.Event()
-                stream.on_backfill_sent = sent.set
-                try:
-                    with trio.move_on_after(0.05):
-                        await sent.wait()
-                finally:
-                    stream.on_backfill_sent = None
+                await self._wait_sent(stream)
 
         frames = not stream.options.no_value  # ready frames; else items encoded per stream
         upto = stream.end_seqno
@@ -159,8 +188,8 @@ class Backfills:
                     return
                 avg = 256  # bytes per item, refined from each chunk
                 want = max(16, min(_BACKFILL_CHUNK, max(limit - stream.backfill_bytes, avg) // avg))
-                async with disk:
-                    scan, chunk = await trio.to_thread.run_sync(open_and_read, want)
+                # the disk limiter is held for the thread's run (to_thread's own limiter)
+                scan, chunk = await trio.to_thread.run_sync(open_and_read, want, limiter=disk)
                 end = scan.end_seqno
                 stream.history = bool(stream.history and scan.history)
                 log.debug(
@@ -192,8 +221,7 @@ class Backfills:
                     await buffered_below(limit - 1)
                     room = max(limit - stream.backfill_bytes, avg)
                     want = max(16, min(_BACKFILL_CHUNK, room // avg))
-                    async with disk:
-                        chunk = await trio.to_thread.run_sync(read, scan, want)
+                    chunk = await trio.to_thread.run_sync(read, scan, want, limiter=disk)
                     if stopped():
                         break
                 if stopped():

@@ -17,7 +17,7 @@ import trio
 
 from dcp.producer.config import ConfigError, ServerConfig
 from dcp.producer.engine.backfill import BackfillScan
-from dcp.protocol import Opcode, SnapshotMarkerFlag, Status
+from dcp.protocol import Opcode, SnapshotMarkerFlag, Status, codec
 
 from .conftest import client_of, running_server
 from .wire import WireClient, items_of, keys_for_vb, markers_of
@@ -138,6 +138,33 @@ async def test_a_small_backfill_overtakes_a_huge_one_of_another_connection(
         assert [s for _, s, _, _ in items_of(frames)] == [1, 2, 3, 4, 5]
         assert done["small"] < done["big"]
         assert done["small"] - t0 < 0.5 * (done["big"] - t0)
+
+
+async def test_a_backfill_waiting_for_a_stream_that_is_closed_frees_its_slot(
+    tmp_path: Path,
+) -> None:
+    """A backfill paused on its buffer waits for the writer; a stream closed meanwhile
+    never drains it and does not wake it: the backfill must still notice (its periodic
+    recheck) and give the connection's only slot to the next vbucket."""
+    nv = 2
+    keys = await load(tmp_path / "d", {0: 3000, 1: 5}, nv)
+    async with running_server(
+        tmp_path / "d", num_vbuckets=nv, backfill_buffer_bytes=4096, max_concurrent_backfills=1
+    ) as srv:
+        async with client_of(srv) as c:
+            await c.dcp_open("t-closed")
+            await c.control("connection_buffer_size", str(16 * 1024))
+            assert (await c.stream_req(0, end=3000)).status == Status.SUCCESS
+            # not acked: the window fills, the writer stops, the scan waits on its buffer
+            first = await c.frames_for(0.3)
+            assert 0 < len(items_of(first)) < 3000
+            await c.send(codec.request(Opcode.DCP_CLOSE_STREAM, vbucket=0, opaque=77))
+            await c.ack_all(first)
+            assert (await c.stream_req(1, end=5)).status == Status.SUCCESS
+            frames = await c.read_stream_until(
+                lambda f: f.opcode == Opcode.DCP_STREAM_END and f.vbucket == 1, ack=True
+            )
+    assert [k for _, _, k, _ in items_of([f for f in frames if f.vbucket == 1])] == keys[1]
 
 
 def test_backfill_disk_readers_must_be_positive() -> None:
