@@ -33,11 +33,12 @@ class ReadWatch:
         self.most = 0
         self.reads = 0
         self.most_open = 0
+        self.storage: Any = None  # the server's, to count its open scans
         original = BackfillScan.read_frames
         watch = self
 
         def read_frames(scan: BackfillScan, *args: Any) -> Any:
-            storage = scan._storage
+            storage = watch.storage
             with watch.lock:
                 watch.now += 1
                 watch.reads += 1
@@ -90,6 +91,7 @@ async def test_one_disk_read_at_a_time_while_each_connection_runs_several_scans(
     async with running_server(
         tmp_path / "d", num_vbuckets=nv, backfill_buffer_bytes=4096, max_concurrent_backfills=4
     ) as server:
+        watch.storage = server.bucket.storage
         got: dict[str, list[Any]] = {}
 
         async def reader(name: str, vbs: list[int]) -> None:
