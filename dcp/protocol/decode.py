@@ -51,7 +51,7 @@ from .session_stream import STREAMING
 if TYPE_CHECKING:  # the session calls this module
     from .session import ClientSession
 
-__all__ = ["decode", "other_frame"]
+__all__ = ["decode", "header_error", "other_frame"]
 
 _HDR = HEADER.unpack_from
 _HDR_MUT = HDR_MUTATION.unpack_from
@@ -126,19 +126,10 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
         if magic in ALT_MAGIC:
             fel = kl >> 8
             kl &= 0xFF
-        elif magic in KNOWN_MAGIC:
-            fel = 0
         else:
-            raise RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
-        if body > max_body:
-            raise RemoteProtocolError(
-                f"body of {body} bytes exceeds the limit of {max_body} (opcode 0x{op:02x})"
-            )
-        if fel + el + kl > body:
-            raise RemoteProtocolError(
-                f"framing extras {fel} + extras {el} + key {kl} exceed body length {body} "
-                f"(opcode 0x{op:02x})"
-            )
+            fel = 0
+        if magic not in KNOWN_MAGIC or body > max_body or fel + el + kl > body:
+            raise header_error(magic, op, kl, el, fel, body, max_body)
         if end > n:
             need = 24 + body
             break
@@ -205,6 +196,23 @@ def decode(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[int, int
             cur.held += run
             held += run
     return pos, need, held, uncounted
+
+
+def header_error(
+    magic: int, op: int, kl: int, el: int, fel: int, body: int, max_body: int
+) -> RemoteProtocolError:
+    """What is wrong with a header that breaks the rules of ``frames.FrameReader`` (the
+    decoders check them inline and call this only to word the error)."""
+    if magic not in KNOWN_MAGIC:
+        return RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
+    if body > max_body:
+        return RemoteProtocolError(
+            f"body of {body} bytes exceeds the limit of {max_body} (opcode 0x{op:02x})"
+        )
+    return RemoteProtocolError(
+        f"framing extras {fel} + extras {el} + key {kl} exceed body length {body} "
+        f"(opcode 0x{op:02x})"
+    )
 
 
 def other_frame(

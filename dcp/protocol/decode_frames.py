@@ -16,9 +16,10 @@ Rules of this module:
   (tests/protocol/test_session_decoder.py) holds the two decoders to each other.
 - Per item it reads what it checks of the header and the by_seqno every item's extras
   start with (one ``unpack_from`` of ``HDR_ITEM_CHECK``) and appends its offset: no key
-  or value is sliced, no object built. A frame off that path (a run's first, any other
-  frame) is read again whole with ``HEADER``. A run's ``last`` seqno is read back when the
-  run is closed, not kept per item.
+  or value is sliced, no object built. A frame off that path is read again whole with
+  ``HEADER``; a run's first item only starts the run there and is then taken by the
+  shortest path like the others (one more unpack a run, one place that appends). A
+  run's ``last`` seqno is read back when the run is closed, not kept per item.
 - ``frame_items`` turns offsets back into items (``ItemFrames.items``): the slow,
   obvious decoding, with the item callables called exactly as ``decode.py`` calls them.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .decode import other_frame
+from .decode import header_error, other_frame
 from .errors import RemoteProtocolError
 from .events import ItemFrames
 from .layout import (
@@ -46,6 +47,7 @@ from .opcodes import Opcode
 
 if TYPE_CHECKING:  # the session calls this module
     from .session import ClientSession
+    from .session_stream import SessionStream
 
 __all__ = ["decode_frames", "frame_items"]
 
@@ -74,12 +76,11 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
     max_body = session.max_body_size
     hold = not session.queue_per_chunk
     hdr_check = _HDR_CHECK
-    append = out.append
     cur: Any = None  # the stream of the run being decoded, and the run itself
     cur_opq = -1
     starts: list[int] = []
     cur_append: Any = None
-    cur_end = cur_vb = run = 0
+    cur_end = run = 0
     while True:
         if n - pos >= 32:
             magic, op, kl, el, body, opq, by = hdr_check(buf, pos)
@@ -96,11 +97,7 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
                 run += end - pos
                 pos = end
                 if by >= cur_end:
-                    append(ItemFrames(cur_opq, cur_vb, buf, starts, by, run))
-                    if hold:
-                        cur.held += run
-                        held += run
-                    append(session.complete_snapshot(cur))
+                    held += _close(session, cur, buf, starts, run, hold, True, out)
                     cur_opq = -1
                     run = 0
                 continue
@@ -111,19 +108,10 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
         if magic in ALT_MAGIC:
             fel = kl >> 8
             kl &= 0xFF
-        elif magic in KNOWN_MAGIC:
-            fel = 0
         else:
-            raise RemoteProtocolError(f"bad magic 0x{magic:02x} at opcode 0x{op:02x}")
-        if body > max_body:
-            raise RemoteProtocolError(
-                f"body of {body} bytes exceeds the limit of {max_body} (opcode 0x{op:02x})"
-            )
-        if fel + el + kl > body:
-            raise RemoteProtocolError(
-                f"framing extras {fel} + extras {el} + key {kl} exceed body length {body} "
-                f"(opcode 0x{op:02x})"
-            )
+            fel = 0
+        if magic not in KNOWN_MAGIC or body > max_body or fel + el + kl > body:
+            raise header_error(magic, op, kl, el, fel, body, max_body)
         if end > n:
             need = 24 + body
             break
@@ -132,37 +120,20 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
             if st is not None and st.open:
                 if (op, el) not in _SHAPES:
                     raise RemoteProtocolError(f"opcode 0x{op:02x} with {el} bytes of extras")
-                by = _SEQ(buf, pos + 24)[0]
-                if opq != cur_opq:
-                    if run:
-                        append(_closed(cur_opq, cur_vb, buf, starts, run))
-                        if hold:
-                            cur.held += run
-                            held += run
-                    cur = st
-                    cur_opq = opq
-                    starts = []
-                    cur_append = starts.append
-                    cur_end = st.end
-                    cur_vb = st.vbucket
-                    run = 0
-                cur_append(pos)
-                run += end - pos
-                pos = end
-                if by >= cur_end:
-                    append(ItemFrames(cur_opq, cur_vb, buf, starts, by, run))
-                    if hold:
-                        cur.held += run
-                        held += run
-                    append(session.complete_snapshot(cur))
-                    cur_opq = -1
-                    run = 0
+                # a valid item of another stream than the run's (a valid one of the run's
+                # stream took the shortest path): start its run and go round again, where
+                # the shortest path takes this frame (it checks nothing this did not)
+                if run:
+                    held += _close(session, cur, buf, starts, run, hold, False, out)
+                cur = st
+                cur_opq = opq
+                starts = []
+                cur_append = starts.append
+                cur_end = st.end
+                run = 0
                 continue
         if run:
-            append(_closed(cur_opq, cur_vb, buf, starts, run))
-            if hold:
-                cur.held += run
-                held += run
+            held += _close(session, cur, buf, starts, run, hold, False, out)
             run = 0
         cur_opq = -1
         if magic in RESPONSE_MAGIC or magic == 0x82 or op == _NOOP:
@@ -170,16 +141,29 @@ def decode_frames(session: ClientSession, buf: bytes, out: list[Any]) -> tuple[i
         held += other_frame(session, buf, pos, end, magic, op, kl, el, fel, dt, vb, opq, cas, out)
         pos = end
     if run:
-        append(_closed(cur_opq, cur_vb, buf, starts, run))
-        if hold:
-            cur.held += run
-            held += run
+        held += _close(session, cur, buf, starts, run, hold, False, out)
     return pos, need, held, uncounted
 
 
-def _closed(opq: int, vb: int, buf: bytes, starts: list[int], run: int) -> ItemFrames:
-    """A run another frame or the buffer's end interrupted: its last seqno read back."""
-    return ItemFrames(opq, vb, buf, starts, _SEQ(buf, starts[-1] + 24)[0], run)
+def _close(
+    session: ClientSession,
+    st: SessionStream,
+    buf: bytes,
+    starts: list[int],
+    run: int,
+    hold: bool,
+    done: bool,
+    out: list[Any],
+) -> int:
+    """Report the run of ``st`` at ``starts`` (``run``: its bytes) and, when its last item
+    reached the snapshot's end (``done``), the ``SnapshotDone``: the order and counts of
+    ``decode.py``. Called once a run. Returns the bytes it made flow control hold."""
+    out.append(ItemFrames(st.opaque, st.vbucket, buf, starts, _SEQ(buf, starts[-1] + 24)[0], run))
+    if hold:
+        st.held += run  # before complete_snapshot, which hands the stream's held on
+    if done:
+        out.append(session.complete_snapshot(st))
+    return run if hold else 0
 
 
 def frame_items(
