@@ -82,11 +82,13 @@ class Rows:
     def __len__(self) -> int:
         return self.n
 
-    def add(self, batch: Any) -> None:
+    def add(self, batch: Any, nbytes: int | None = None) -> None:
+        """``nbytes``: what the rows cost to buffer, when the caller knows it (the wire
+        bytes of a received run): cheaper than asking Arrow for a slice's size."""
         if batch.num_rows:
             self.batches.append(batch)
             self.n += batch.num_rows
-            self.nbytes += batch.nbytes
+            self.nbytes += batch.nbytes if nbytes is None else nbytes
 
     def extend(self, other: Rows) -> None:
         self.batches += other.batches
@@ -116,6 +118,7 @@ class Rows:
             i = int(np.searchsorted(b.column(0).to_numpy(), seqno, "right"))
             keep.add(b.slice(0, i))
             tail.add(b.slice(i))
+        keep.nbytes = self.nbytes - tail.nbytes
         self.batches, self.n, self.nbytes = keep.batches, keep.n, keep.nbytes
         return tail
 

@@ -187,11 +187,12 @@ class StreamFrames:
             batch = from_frames(e.buf, e.starts) if type(e) is ev.ItemFrames else from_rows(e.items)
         seqnos = batch.column(0).to_numpy()
         n = len(seqnos)
+        per_row = e.nbytes / n if n else 0  # wire bytes: what the rows cost to buffer
         i = 0
         while i < n:
             j = max(i, int(searchsorted(seqnos, st.stop, "left")))
             k = j + 1 if j < n else n
-            st.rows.add(batch.slice(i, k - i) if i or k < n else batch)
+            st.rows.add(batch.slice(i, k - i) if i or k < n else batch, int(per_row * (k - i)))
             i = k
             if j < n:
                 st.item_done(int(seqnos[j]))
