@@ -77,7 +77,7 @@ class Rows:
     def __init__(self) -> None:
         self.batches: list[Any] = []
         self.n = 0
-        self.nbytes = 0  # Arrow bytes of the rows: what a range buffers
+        self.nbytes = 0  # what the rows cost to buffer: wire bytes of received runs
 
     def __len__(self) -> int:
         return self.n
@@ -107,6 +107,7 @@ class Rows:
         b = self.batches.pop()
         if b.num_rows > 1:
             self.batches.append(b.slice(0, b.num_rows - 1))
+        self.nbytes -= self.nbytes // self.n
         self.n -= 1
 
     def split_after(self, seqno: int) -> Rows:
@@ -116,10 +117,11 @@ class Rows:
         keep, tail = Rows(), Rows()
         for b in self.batches:
             i = int(np.searchsorted(b.column(0).to_numpy(), seqno, "right"))
-            keep.add(b.slice(0, i))
-            tail.add(b.slice(i))
-        keep.nbytes = self.nbytes - tail.nbytes
-        self.batches, self.n, self.nbytes = keep.batches, keep.n, keep.nbytes
+            keep.add(b.slice(0, i), 0)
+            tail.add(b.slice(i), 0)
+        if self.n:  # the bytes go with the rows (the pieces' own sizes are not kept)
+            tail.nbytes = self.nbytes * tail.n // self.n
+        self.batches, self.n, self.nbytes = keep.batches, keep.n, self.nbytes - tail.nbytes
         return tail
 
     def column(self, i: int) -> list:
@@ -209,10 +211,12 @@ def _all_distinct(keys: Any) -> bool:
     Each key is summed up as its length and its first and last 8 bytes, mixed into one
     64-bit number: equal keys give equal numbers, so distinct numbers prove distinct keys.
     Vectorized over the array's buffers (hashing the keys in Arrow costs ~5x more)."""
+    import sys
+
     import numpy as np
 
     n = len(keys)
-    if keys.null_count:
+    if keys.null_count or sys.byteorder != "little":  # the masks below read little-endian
         return False
     offsets = np.frombuffer(keys.buffers()[1], np.int32, n + 1, keys.offset * 4)
     data = np.frombuffer(keys.buffers()[2], np.uint8)

@@ -52,6 +52,8 @@ _OPS = np.array([0, 1, 2], np.int8)
 _PAD = bytes(64)
 _INLINE = np.arange(12)  # a binary view holds up to 12 bytes inline
 _NATIVE = {">u4": np.uint32, ">u8": np.uint64}
+#: a run smaller than 1/_SHARE of its chunk's bytes is copied out (``from_runs``)
+_SHARE = 4
 
 
 def _be(cols: np.ndarray, dtype: str) -> np.ndarray:
@@ -85,6 +87,9 @@ def _binary(win: np.ndarray, data: Any, offs: np.ndarray, lens: np.ndarray, vali
 def from_frames(buf: bytes, starts: Sequence[int]) -> Any:
     """The rows of the item frames at ``starts`` in ``buf`` (module rules)."""
     padded = buf + _PAD  # one copy per chunk: every window below stays inside it
+    # binary views address the buffer with int32 offsets (a chunk is a receive buffer plus
+    # at most one frame: far below this)
+    assert len(padded) < 2**31, "a received chunk above 2 GiB"
     a = np.frombuffer(padded, np.uint8)
     data = pa.py_buffer(padded)
     s = np.array(starts, np.int64)
@@ -119,7 +124,8 @@ def from_frames(buf: bytes, starts: Sequence[int]) -> Any:
         pa.array(_be(h[:, 32:40], ">u8")),
         pa.array(flags, mask=nulls),
         pa.array(expiry, mask=nulls),
-        pa.array(h[:, 5].astype(np.int32)),
+        # an expiration carries no datatype (the row rules give 0, whatever the byte says)
+        pa.array(np.where(op == 0x59, 0, h[:, 5]).astype(np.int32)),
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=ROW_SCHEMA)
 
@@ -127,7 +133,13 @@ def from_frames(buf: bytes, starts: Sequence[int]) -> Any:
 def from_runs(runs: Sequence[Any]) -> list[Any]:
     """One batch per ``ItemFrames`` run of ``runs``; runs in the same buffer (every run of
     one ``receive_data`` call) are decoded together, so the fixed cost of the numpy calls
-    is paid per received chunk, not per run (a chunk holds runs of many vbuckets)."""
+    is paid per received chunk, not per run (a chunk holds runs of many vbuckets).
+
+    A run gets a slice of the chunk's batch only when it holds at least a quarter of the
+    chunk's wire bytes; a smaller one gets its own copy. A slice keeps its whole parent
+    alive, and a range may keep its rows across many chunks (a slow vbucket among fast
+    ones): so a kept row never pins more than ~4x its own bytes, and the range's buffer
+    bound (``ranges.BUFFER_BYTES``) still bounds memory."""
     out: list[Any] = []
     i = 0
     while i < len(runs):
@@ -140,9 +152,13 @@ def from_runs(runs: Sequence[Any]) -> list[Any]:
         else:
             group = runs[i:j]
             batch = from_frames(buf, [p for r in group for p in r.starts])
+            total = sum(r.nbytes for r in group)
             at = 0
             for r in group:
-                out.append(batch.slice(at, len(r.starts)))
+                piece = batch.slice(at, len(r.starts))
+                if r.nbytes * _SHARE < total:
+                    piece = pa.concat_batches([piece.slice(0, 0), piece])  # a copy of its own
+                out.append(piece)
                 at += len(r.starts)
         i = j
     return out

@@ -55,3 +55,27 @@ def test_fail_names_the_server_snapshot() -> None:
         _merged_disk_snapshot("fail")
     err = info.value
     assert (err.start, err.end, err.snapshot_start, err.snapshot_end) == (10, 20, 14, 30)
+
+
+def test_a_snapshot_above_the_buffer_bound_is_handed_out_in_parts(monkeypatch) -> None:
+    """A snapshot bigger than ``BUFFER_BYTES`` is accepted and handed out before its end
+    (``partial``: a retry cannot repeat it any more), the rest follows as another part, and
+    the rows are all there once, in order."""
+    import dcp.spark.ranges as ranges
+
+    monkeypatch.setattr(ranges, "BUFFER_BYTES", 2000)
+    out = Chunk()
+    rr = RangeRead(VbRange(7, 0xABC, 0, 40), out)
+    rr.marker(1, 40, DISK)
+    for s in range(1, 41):
+        row = mutation_row(7, s, 1, s << 16, 0, 0, 0, 0, b"k%d" % s, b"v")
+        rr.rows.add(from_rows([row]), 100)  # 100 wire bytes a row: the bound is 20 rows
+        rr.count_pending()
+        if s >= rr.stop:
+            rr.item_done(s)
+    assert rr.done and rr.partial
+    assert len(out.segments) >= 2
+    assert out.seqno == list(range(1, 41))
+    starts = [seg[1] for seg in out.segments]
+    ends = [seg[2] for seg in out.segments]
+    assert starts[0] == 1 and ends[-1] == 40 and starts[1:] == [e + 1 for e in ends[:-1]]
