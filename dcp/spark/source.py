@@ -17,6 +17,7 @@ Rules of this module:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -181,7 +182,8 @@ class _OffsetMemo:
         return self.keep(obj, from_json(obj))
 
     def keep(self, obj: dict, offsets: Offsets) -> Offsets:
-        self._pairs = [(obj, offsets), *self._pairs[: self.SIZE - 1]]
+        # a copy: the caller may change its dict later, which must not change what it meant
+        self._pairs = [(copy.deepcopy(obj), offsets), *self._pairs[: self.SIZE - 1]]
         return offsets
 
 

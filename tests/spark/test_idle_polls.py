@@ -165,3 +165,17 @@ def test_a_recorded_batch_voids_the_kept_answer(server, counted):
     r.planner.remember({**from_json(start), vb: VbPosition(0, 1)}, finish)
     r.latestOffset(json.loads(json.dumps(start)), ReadAllAvailable())
     assert counted["plan_end"] == planned + 1
+
+
+def test_the_offset_memo_keeps_what_a_dict_meant_when_its_owner_changes_it() -> None:
+    """Spark's dict is kept as a copy: changed in place afterwards, it is parsed anew."""
+    from dcp.spark.offsets import to_json
+
+    memo = source_mod._OffsetMemo()
+    a = {0: VbPosition(7, 10)}
+    obj = to_json(a)
+    assert memo.parse(obj) == from_json(to_json(a))
+    b = {0: VbPosition(7, 20)}
+    obj.clear()
+    obj.update(to_json(b))  # the same dict object, now meaning b
+    assert memo.parse(obj) == from_json(to_json(b))
