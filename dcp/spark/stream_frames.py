@@ -184,7 +184,10 @@ class StreamFrames:
         from .columns import from_frames, from_rows
 
         if batch is None:
-            batch = from_frames(e.buf, e.starts) if type(e) is ev.ItemFrames else from_rows(e.items)
+            if isinstance(e, ev.ItemFrames):
+                batch = from_frames(e.buf, e.starts)
+            else:
+                batch = from_rows(e.items)
         seqnos = batch.column(0).to_numpy()
         n = len(seqnos)
         per_row = e.nbytes / n if n else 0  # wire bytes: what the rows cost to buffer
